@@ -1,0 +1,37 @@
+# celery-zklock: `make demo` and `make test` each do all set-up on a fresh Debian/Ubuntu machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: test demo lint bench system-deps venv clean
+
+test: system-deps $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: system-deps $(STAMP)
+	$(BIN)/celery-zklock demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: system-deps $(STAMP)
+	$(BIN)/python -m benchmarks.recipes
+
+# Debian packages (ZooKeeper, Redis, Java, docker-compose, Curator): checked every run, installed only when missing.
+system-deps:
+	@.ci/system-deps
+
+venv: $(STAMP)
+
+# Rebuilt only when pyproject.toml changes, so a second run installs nothing.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

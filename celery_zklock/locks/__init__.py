@@ -1,0 +1,7 @@
+"""Lock recipes on ZooKeeper, usable with any kazoo client and without Celery."""
+
+from celery_zklock.locks.lease import Lease
+from celery_zklock.locks.mutex import Mutex
+from celery_zklock.locks.rwlock import LockSide, ReadWriteLock
+
+__all__ = ["Lease", "LockSide", "Mutex", "ReadWriteLock"]
