@@ -1,0 +1,575 @@
+"""Lock keys: from a task's call arguments to a canonical, hashed, znode-safe name.
+
+A task's lock lives at ``<root>/<lock_name>/<key>``. The key is computed in the worker for every
+call, so it must be the same for equal arguments in every process and every Python run, and must
+differ for arguments that are not equal. This module guarantees both:
+
+* Arguments are first reduced to a *canonical value* (see :func:`canonical_json`): JSON-like data
+  with a fixed encoding, never ``hash()`` and never the ``repr`` of arbitrary objects. A value that
+  has no stable encoding raises :class:`LockKeyError` instead of producing an unstable key.
+* The key is ``<readable-prefix>~<hash>``: ``hash`` is the first 32 hex characters of the SHA-256 of
+  the canonical JSON, so two different canonical values never share a key even when their readable
+  prefixes are truncated to the same text. The prefix (at most 64 characters of
+  ``[A-Za-z0-9._,=+@-]``, every other character replaced by ``_``) is only for humans reading the
+  tree. The key is at most :data:`MAX_KEY_LENGTH` characters, is never ``.`` or ``..`` and never
+  contains ``/`` or a control character, so it is always one valid znode name.
+
+Which value is hashed depends on the task's ``lock_key`` (a :data:`LockKeySpec`):
+
+* ``None``: every argument, bound to the task's signature with defaults applied, as a dict of
+  parameter name to value. ``f(1)``, ``f(x=1)`` and ``f(1, full=False)`` give the same key for
+  ``def f(x, full=False)``.
+* a list or tuple of parameter names: the same dict restricted to those names; ``[]`` gives one
+  fixed key (a singleton lock for the task). A ``*args`` parameter's value is its tuple, a
+  ``**kwargs`` parameter's value its dict.
+* a format string such as ``"{account_id}:{region}"``: the string formatted with the bound
+  arguments. The fields must be parameter names (``{payload[id]}`` and ``{user.id}`` reach into
+  them) and must resolve to scalars; see :class:`KeyBuilder` for what is allowed.
+* a callable: called as ``fn(*args, **kwargs)`` with the task's call arguments; its return value is
+  the canonical value. Exceptions it raises propagate unchanged.
+
+Keys depend on the canonical value only, so tasks that share a ``lock_name`` share a lock for
+equal values even when one uses a list of names and the other a callable returning the same dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import enum
+import hashlib
+import inspect
+import json
+import re
+import reprlib
+import string
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal, TypeAlias
+
+from celery_zklock.errors import ConfigurationError
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "KeyBuilder",
+    "LockKeyError",
+    "LockKeySpec",
+    "canonical_json",
+    "check_lock_key_spec",
+    "key_for_value",
+]
+
+MAX_KEY_LENGTH: Final = 100
+"""Upper bound on the length of every key this module returns."""
+
+PREFIX_LENGTH: Final = 64
+"""Length of the readable part of a key before the ``~``."""
+
+HASH_LENGTH: Final = 32
+"""Number of hex characters of SHA-256 kept in a key (128 bits)."""
+
+MAX_DEPTH: Final = 100
+"""Deepest nesting of containers accepted in a value (deeper raises :class:`LockKeyError`)."""
+
+LockKeySpec: TypeAlias = Sequence[str] | str | Callable[..., object] | None
+"""What a task's ``lock_key`` may be: see the module docstring."""
+
+KeyKind = Literal["all", "names", "format", "callable"]
+
+# The JSON-like form every value is reduced to before it is encoded.
+_Json: TypeAlias = "bool | int | str | list[_Json] | dict[str, _Json] | None"
+
+# Tag key of the tagged forms ({"__t": "uuid", "v": "..."}). A user dict that has this key itself
+# is wrapped as {"__t": "dict", "v": {...}}, so a user dict can never pass for a tagged value.
+_TAG: Final = "__t"
+
+# str() of a Decimal follows the thread's context (``capitals``): pin a context so the text is the
+# same in every thread and process.
+_DECIMAL_CONTEXT: Final = decimal.Context(capitals=1)
+
+_UNSAFE_CHARS: Final = re.compile(r"[^A-Za-z0-9._,=+@-]")
+
+_SUPPORTED: Final = (
+    "None, bool, int, float, str, list, tuple, dict with str keys, set, frozenset, bytes, "
+    "Decimal, UUID, datetime, date, time or Enum"
+)
+
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = 60
+_short_repr.maxother = 60
+
+
+class LockKeyError(ConfigurationError):
+    """A lock key could not be built from a call's argument values.
+
+    Raised at call time when an argument (or a callable ``lock_key``'s return value, or a field
+    of a format-string ``lock_key``) has no stable canonical encoding, for example an arbitrary
+    object whose only text form contains its memory address. The message names the task, the
+    argument (with the path inside it) and the offending type, and what to do instead. Retrying
+    the same call fails the same way.
+    """
+
+
+class _Unencodable(Exception):
+    """Internal: a value at ``path`` cannot be encoded; turned into :class:`LockKeyError`."""
+
+    def __init__(self, path: str, value: object, reason: str) -> None:
+        super().__init__(path, reason)
+        self.path = path
+        self.type_name = _type_name(value)
+        self.reason = reason
+
+
+def _type_name(value: object) -> str:
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tag(tag: str, value: _Json) -> _Json:
+    return {_TAG: tag, "v": value}
+
+
+def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
+    """Reduce ``value`` to its canonical JSON-like form or raise :class:`_Unencodable`.
+
+    ``active`` holds the ids of the containers being normalised on the way down, to detect a
+    container that contains itself.
+    """
+    if depth > MAX_DEPTH:
+        raise _Unencodable(path, value, f"it is nested more than {MAX_DEPTH} levels deep")
+    if value is None or value is True or value is False:
+        return value
+    # Enum first: IntEnum and StrEnum members are also ints and strs. An Enum member stands for
+    # its value, so the key is the same whether the caller passed the member or the raw value
+    # (Celery's JSON serializer turns an IntEnum into a plain int on the way to the worker).
+    if isinstance(value, enum.Enum):
+        return _normalise(value.value, f"{path}.value", depth + 1, active)
+    # Subclasses of str/int/float are reduced to the exact base type so that an overridden
+    # __str__ or __repr__ cannot change the encoding.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return _tag("float", float.hex(value))
+    if isinstance(value, list | tuple | dict):
+        if id(value) in active:
+            raise _Unencodable(path, value, "it contains itself")
+        active.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return _normalise_dict(value, path, depth, active)
+            return [
+                _normalise(item, f"{path}[{index}]", depth + 1, active)
+                for index, item in enumerate(value)
+            ]
+        finally:
+            active.discard(id(value))
+    if isinstance(value, set | frozenset):
+        items = [_normalise(item, f"{path}{{...}}", depth + 1, active) for item in value]
+        return _tag("set", sorted(items, key=_dumps))
+    if isinstance(value, bytes | bytearray):
+        return _tag("bytes", bytes(value).hex())
+    if isinstance(value, decimal.Decimal):
+        with decimal.localcontext(_DECIMAL_CONTEXT):
+            return _tag("decimal", decimal.Decimal.__str__(value))
+    if isinstance(value, uuid.UUID):
+        return _tag("uuid", str(uuid.UUID(int=value.int)))
+    if isinstance(value, datetime.datetime):
+        # Equal aware datetimes are equal instants: encode them in UTC so that the same instant
+        # given in two time zones is the same key. Naive ones stay as they are (no offset).
+        # (Near datetime.min/max the conversion overflows: such a value keeps its own offset,
+        # which still never matches a converted one.)
+        if value.utcoffset() is not None:
+            with contextlib.suppress(OverflowError):
+                value = value.astimezone(datetime.timezone.utc)
+        return _tag("datetime", datetime.datetime.isoformat(value))
+    if isinstance(value, datetime.date):
+        return _tag("date", datetime.date.isoformat(value))
+    if isinstance(value, datetime.time):
+        return _tag("time", datetime.time.isoformat(value))
+    raise _Unencodable(path, value, "it has no stable encoding")
+
+
+def _normalise_dict(value: Mapping[Any, object], path: str, depth: int, active: set[int]) -> _Json:
+    out: dict[str, _Json] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise _Unencodable(
+                path, value, f"it has a key of type {_type_name(key)} (only str keys are supported)"
+            )
+        name = str.__str__(key)
+        out[name] = _normalise(item, f"{path}[{_short_repr.repr(name)}]", depth + 1, active)
+    return _wrap_dict(out)
+
+
+def _wrap_dict(out: dict[str, _Json]) -> _Json:
+    return _tag("dict", out) if _TAG in out else out
+
+
+def _dumps(normalised: _Json) -> str:
+    return json.dumps(
+        normalised, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+def _value_error(exc: _Unencodable) -> LockKeyError:
+    return LockKeyError(
+        f"cannot encode {exc.path} of type {exc.type_name}: {exc.reason}; use {_SUPPORTED}"
+    )
+
+
+def canonical_json(value: object) -> str:
+    """Return the canonical JSON text of ``value``: equal inputs give equal text everywhere.
+
+    The text is ASCII JSON with sorted object keys and no spaces, over this normalised form:
+
+    * ``None``, ``bool``, ``int`` and ``str`` (and subclasses of ``int``/``str``) as themselves.
+    * ``float`` as ``{"__t": "float", "v": float.hex(x)}``: ``1`` and ``1.0`` (and ``True``)
+      give different text; ``0.0`` and ``-0.0`` differ too; NaN and infinities are accepted.
+    * ``list`` and ``tuple`` both as a JSON array: ``[1, 2]`` and ``(1, 2)`` give the *same* text,
+      deliberately, as a tuple arrives in the worker as a list after a JSON round trip.
+    * ``dict`` with ``str`` keys as a JSON object (a dict whose keys include ``"__t"`` is wrapped as
+      ``{"__t": "dict", "v": {...}}`` so it never looks like a tagged value). Other keys raise.
+    * ``Enum`` members as their value (so ``Color.RED`` and ``1`` give the same text when
+      ``Color.RED.value == 1``).
+    * tagged forms ``{"__t": tag, "v": text}``: ``bytes``/``bytearray`` (``"bytes"``, hex),
+      ``Decimal`` (``"decimal"``, ``str``, so ``Decimal("1.0")`` and ``Decimal("1.00")`` differ),
+      ``UUID`` (``"uuid"``), ``datetime`` (``"datetime"``, ISO 8601; aware ones converted to UTC
+      so equal instants match), ``date``, ``time``, and ``set``/``frozenset`` (``"set"``, the
+      elements sorted by their canonical text; ``set`` and ``frozenset`` give the same text).
+
+    Raises :class:`LockKeyError` naming the path inside ``value`` and the type that cannot be
+    encoded (any other type, a dict with a non-``str`` key, a container that contains itself, or
+    nesting deeper than :data:`MAX_DEPTH`).
+    """
+    try:
+        return _dumps(_normalise(value, "value", 0, set()))
+    except _Unencodable as exc:
+        raise _value_error(exc) from None
+
+
+def _render(normalised: _Json, limit: int, top: bool = False) -> str:
+    """Short human-readable text of a normalised value; stops growing once past ``limit``."""
+    if normalised is None or isinstance(normalised, bool | int):
+        return repr(normalised)
+    if isinstance(normalised, str):
+        return normalised[: limit + 1]
+    if isinstance(normalised, list):
+        return "[" + _render_items((_render(item, limit) for item in normalised), limit) + "]"
+    if _TAG in normalised:
+        tag, inner = normalised[_TAG], normalised["v"]
+        if tag == "dict" and isinstance(inner, dict):
+            return _render_dict(inner, limit, top)
+        if tag == "set" and isinstance(inner, list):
+            return "{" + _render_items((_render(item, limit) for item in inner), limit) + "}"
+        if tag == "float" and isinstance(inner, str):
+            return repr(float.fromhex(inner))
+        return _render(inner, limit)
+    return _render_dict(normalised, limit, top)
+
+
+def _render_dict(normalised: dict[str, _Json], limit: int, top: bool) -> str:
+    items = (f"{name}={_render(normalised[name], limit)}" for name in sorted(normalised))
+    text = _render_items(items, limit)
+    return text if top else "{" + text + "}"
+
+
+def _render_items(items: Iterable[str], limit: int) -> str:
+    parts: list[str] = []
+    length = 0
+    for item in items:
+        parts.append(item)
+        length += len(item) + 1
+        if length > limit:
+            break
+    return ",".join(parts)
+
+
+def _key_from_normalised(normalised: _Json) -> str:
+    digest = hashlib.sha256(_dumps(normalised).encode("ascii")).hexdigest()[:HASH_LENGTH]
+    prefix = _UNSAFE_CHARS.sub("_", _render(normalised, PREFIX_LENGTH, top=True)[:PREFIX_LENGTH])
+    return f"{prefix}~{digest}"
+
+
+def key_for_value(value: object) -> str:
+    """Return the lock key (``<readable-prefix>~<hash>``) of one value.
+
+    This is the key a task gets when its ``lock_key`` resolves to ``value``: a dict of parameter
+    names to argument values for ``None`` or a list of names, the formatted string for a format
+    string, the return value for a callable. Raises :class:`LockKeyError` as
+    :func:`canonical_json` does.
+    """
+    try:
+        return _key_from_normalised(_normalise(value, "value", 0, set()))
+    except _Unencodable as exc:
+        raise _value_error(exc) from None
+
+
+def check_lock_key_spec(task_name: str, lock_key: object) -> LockKeySpec:
+    """Check the shape of a ``lock_key`` (without a signature) and return it normalised.
+
+    Returns ``None``, the ``str``, the callable, or a ``tuple`` of the names for a list or tuple
+    of names. Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task when the
+    value is of another type, is ``bytes``, or is a sequence holding a non-``str`` or a name twice.
+    That names exist in the task's signature is checked by :class:`KeyBuilder`.
+    """
+    if lock_key is None or isinstance(lock_key, str):
+        return lock_key
+    if callable(lock_key):
+        return lock_key
+    if isinstance(lock_key, Sequence) and not isinstance(lock_key, bytes | bytearray):
+        names: list[str] = []
+        for name in lock_key:
+            if not isinstance(name, str):
+                raise ConfigurationError(
+                    f"task {task_name!r}: lock_key lists {_short_repr.repr(name)} of type "
+                    f"{_type_name(name)}; a list lock_key holds parameter names (str)"
+                )
+            if name in names:
+                raise ConfigurationError(
+                    f"task {task_name!r}: lock_key lists the parameter {name!r} twice"
+                )
+            names.append(name)
+        return tuple(names)
+    raise ConfigurationError(
+        f"task {task_name!r}: lock_key={_short_repr.repr(lock_key)} of type "
+        f"{_type_name(lock_key)} is not valid; give None (all arguments), a list of parameter "
+        f"names, a format string such as '{{account_id}}' or a callable taking the task's "
+        f"arguments"
+    )
+
+
+def _format_fields(format_string: str) -> list[tuple[str, str | None]]:
+    """Every ``(field_name, conversion)`` of a format string, nested format specs included."""
+    fields: list[tuple[str, str | None]] = []
+    for _literal, field_name, format_spec, conversion in string.Formatter().parse(format_string):
+        if field_name is None:
+            continue
+        fields.append((field_name, conversion))
+        if format_spec and "{" in format_spec:
+            fields.extend(_format_fields(format_spec))
+    return fields
+
+
+_FIELD_ROOT: Final = re.compile(r"[^.\[]*")
+
+
+class _KeyFormatter(string.Formatter):
+    """A formatter that lets through only field values whose text is stable (see KeyBuilder)."""
+
+    def __init__(self, task_name: str) -> None:
+        self._task_name = task_name
+
+    def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        value, used = super().get_field(field_name, args, kwargs)
+        return _format_scalar(self._task_name, field_name, value, value), used
+
+
+_FORMAT_SCALARS: Final = (
+    str,
+    int,
+    float,
+    decimal.Decimal,
+    uuid.UUID,
+    datetime.date,
+    datetime.time,
+    bytes,
+)
+
+
+def _format_scalar(task_name: str, field_name: str, original: object, value: object) -> object:
+    """The value to format for one field, as an exact built-in type; raises LockKeyError."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, enum.Enum):
+        return _format_scalar(task_name, field_name, original, value.value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, _FORMAT_SCALARS):
+        return value
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        why = (
+            "containers are not allowed in a format-string lock_key (equal dicts and sets can "
+            f"print differently); reach a scalar inside it such as {{{field_name}[0]}} or "
+            f"{{{field_name}[key]}}, or give lock_key a list of parameter names"
+        )
+    else:
+        why = (
+            "it has no stable text; give lock_key a list of parameter names or a callable "
+            f"returning {_SUPPORTED}"
+        )
+    raise LockKeyError(
+        f"task {task_name!r}: cannot build the lock key: format field {{{field_name}}} is of "
+        f"type {_type_name(original)}: {why}"
+    )
+
+
+class KeyBuilder:
+    """Computes a task's lock key from its call arguments, according to its ``lock_key``.
+
+    Build one per task at definition time with :meth:`for_callable`, which validates the
+    ``lock_key`` against the task's signature and raises
+    :class:`~celery_zklock.errors.ConfigurationError` naming the task when it cannot work. Then
+    call it with each call's ``(args, kwargs)``; it is stateless and thread-safe.
+
+    Format-string fields must resolve to ``None``, ``bool``, ``int``, ``float``, ``str``,
+    ``Decimal``, ``UUID``, ``date``/``datetime``/``time``, ``bytes`` or an ``Enum`` of those
+    (formatted as its value). Their text is the ``format()`` of that value, so ``{x}`` gives the
+    same key for ``1`` and ``"1"``, and an aware datetime formats with its own offset.
+    """
+
+    __slots__ = ("_names", "kind", "lock_key", "signature", "task_name")
+
+    def __init__(self, task_name: str, signature: inspect.Signature, lock_key: object) -> None:
+        """Prefer :meth:`for_callable`; same arguments, same checks."""
+        spec = check_lock_key_spec(task_name, lock_key)
+        parameters = list(signature.parameters)
+        self.task_name: Final = task_name
+        self.signature: Final = signature
+        self.lock_key: Final[LockKeySpec] = spec
+        self._names: tuple[str, ...] = ()
+        kind: KeyKind
+        if spec is None:
+            kind = "all"
+        elif isinstance(spec, str):
+            kind = "format"
+            self._check_format(spec, parameters)
+        elif isinstance(spec, tuple):
+            kind = "names"
+            for name in spec:
+                if name not in signature.parameters:
+                    raise ConfigurationError(
+                        f"task {task_name!r}: lock_key names {name!r}, which is not a "
+                        f"parameter of the task; its parameters are: {_list(parameters)}"
+                    )
+            self._names = spec
+        else:
+            kind = "callable"
+        self.kind: Final[KeyKind] = kind
+
+    @classmethod
+    def for_callable(
+        cls, task_name: str, signature: inspect.Signature, lock_key: LockKeySpec
+    ) -> KeyBuilder:
+        """Validate ``lock_key`` against ``signature`` and return the task's key builder.
+
+        ``signature`` is the signature the task is called with (for a bound Celery task,
+        ``inspect.signature(task.run)``, which already excludes ``self``).
+
+        Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task: a name that is
+        not a parameter (with the list of parameters), a format string that does not parse, has
+        a positional field (``{}``, ``{0}``), an unknown field or an invalid conversion, or a
+        ``lock_key`` of an unsupported type.
+        """
+        return cls(task_name, signature, lock_key)
+
+    def _check_format(self, spec: str, parameters: list[str]) -> None:
+        try:
+            fields = _format_fields(spec)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"task {self.task_name!r}: lock_key format string {spec!r} does not parse: {exc}"
+            ) from None
+        example = f"{{{parameters[0]}}}" if parameters else "no fields"
+        for field_name, conversion in fields:
+            name = _FIELD_ROOT.match(field_name).group()  # type: ignore[union-attr]
+            if name == "" or name.isdigit():
+                raise ConfigurationError(
+                    f"task {self.task_name!r}: lock_key format string {spec!r} has a positional "
+                    f"field {{{field_name}}}; name a parameter instead ({example})"
+                )
+            if name not in self.signature.parameters:
+                raise ConfigurationError(
+                    f"task {self.task_name!r}: lock_key format string {spec!r} has the field "
+                    f"{{{field_name}}}, but {name!r} is not a parameter of the task; its "
+                    f"parameters are: {_list(parameters)}"
+                )
+            if conversion not in (None, "r", "s", "a"):
+                raise ConfigurationError(
+                    f"task {self.task_name!r}: lock_key format string {spec!r} has the "
+                    f"conversion !{conversion} in {{{field_name}}}; use !r, !s or !a"
+                )
+
+    def _bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"task {self.task_name!r}: {exc}") from exc
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def canonical(self, args: Sequence[object], kwargs: Mapping[str, object]) -> str:
+        """The canonical JSON text the key of this call is the hash of (for logs and tools).
+
+        Raises what :meth:`__call__` raises.
+        """
+        return _dumps(self._normalised(args, kwargs))
+
+    def __call__(self, args: Sequence[object], kwargs: Mapping[str, object]) -> str:
+        """Return the lock key of one call: ``<readable-prefix>~<32 hex>``.
+
+        Raises ``TypeError`` (its message prefixed with the task name) when the arguments do not
+        fit the task's signature, :class:`LockKeyError` when a value has no stable encoding or a
+        format field cannot be formatted, and whatever a callable ``lock_key`` raises.
+        """
+        return _key_from_normalised(self._normalised(args, kwargs))
+
+    def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
+        arguments = self._bind(args, kwargs)
+        if self.kind == "format":
+            assert isinstance(self.lock_key, str)
+            return self._format(self.lock_key, arguments)
+        if self.kind == "callable":
+            assert callable(self.lock_key)
+            function = self.lock_key
+            value = function(*args, **kwargs)
+            where = f"the value returned by lock_key {_callable_name(function)}"
+            return self._encode(value, "value", where)
+        if self.kind == "names":
+            arguments = {name: arguments[name] for name in self._names}
+        out: dict[str, _Json] = {}
+        for name, value in arguments.items():
+            out[name] = self._encode(value, name, f"argument {name!r}")
+        return _wrap_dict(out)
+
+    def _encode(self, value: object, path: str, where: str) -> _Json:
+        try:
+            return _normalise(value, path, 0, set())
+        except _Unencodable as exc:
+            inside = "" if exc.path == path else f" at {exc.path}"
+            raise LockKeyError(
+                f"task {self.task_name!r}: cannot build the lock key from {where}: the value"
+                f"{inside} is of type {exc.type_name} and {exc.reason}; pass {_SUPPORTED}, "
+                f"or give lock_key a callable that returns such a value"
+            ) from None
+
+    def _format(self, spec: str, arguments: dict[str, object]) -> str:
+        try:
+            return _KeyFormatter(self.task_name).vformat(spec, (), arguments)
+        except LockKeyError:
+            raise
+        except (ValueError, TypeError, LookupError, AttributeError) as exc:
+            raise LockKeyError(
+                f"task {self.task_name!r}: cannot build the lock key: format string {spec!r} "
+                f"failed on this call's arguments: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"KeyBuilder({self.task_name!r}, kind={self.kind!r}, lock_key={self.lock_key!r})"
+
+
+def _list(names: list[str]) -> str:
+    return ", ".join(names) if names else "(none)"
+
+
+def _callable_name(function: Callable[..., object]) -> str:
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return str(name)

@@ -1,0 +1,354 @@
+"""A task's lock options: what they mean, their defaults, and their validation.
+
+:func:`options_from_task` turns a task's ``lock_*`` attributes into a :class:`LockOptions` at
+definition time; :func:`with_call_overrides` applies a call's ``zklock={...}`` on top of it. Both
+validate every value and raise :class:`~celery_zklock.errors.ConfigurationError` with a message
+that names the task, the option, the bad value and the allowed values, so a misconfigured task
+fails when it is defined (or when it is called with a bad override), never half-way through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal, TypeVar, get_args
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.keys import LockKeySpec, check_lock_key_spec
+
+__all__ = [
+    "CALL_OVERRIDES",
+    "DEFAULT_MODE",
+    "DEFAULT_ON_BUSY",
+    "DEFAULT_ON_LOST",
+    "DEFAULT_ON_TIMEOUT",
+    "DEFAULT_RETRY_COUNTDOWN",
+    "DEFAULT_TIMEOUT",
+    "LOCK_MODES",
+    "MAX_LOCK_NAME_LENGTH",
+    "ON_BUSY_POLICIES",
+    "ON_LOST_POLICIES",
+    "ON_TIMEOUT_POLICIES",
+    "TASK_ATTRIBUTES",
+    "LockMode",
+    "LockOptions",
+    "OnBusy",
+    "OnLost",
+    "OnTimeout",
+    "check_lock_name",
+    "options_from_task",
+    "with_call_overrides",
+]
+
+LockMode = Literal["exclusive", "shared"]
+OnBusy = Literal["skip", "wait", "retry", "raise"]
+OnTimeout = Literal["skip", "retry", "raise"]
+OnLost = Literal["raise", "retry"]
+
+LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
+ON_BUSY_POLICIES: Final[tuple[OnBusy, ...]] = get_args(OnBusy)
+ON_TIMEOUT_POLICIES: Final[tuple[OnTimeout, ...]] = get_args(OnTimeout)
+ON_LOST_POLICIES: Final[tuple[OnLost, ...]] = get_args(OnLost)
+
+DEFAULT_MODE: Final[LockMode] = "exclusive"
+DEFAULT_ON_BUSY: Final[OnBusy] = "wait"
+DEFAULT_TIMEOUT: Final[float] = 60.0
+DEFAULT_ON_TIMEOUT: Final[OnTimeout] = "raise"
+DEFAULT_ON_LOST: Final[OnLost] = "raise"
+DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
+
+MAX_LOCK_NAME_LENGTH: Final = 255
+"""Longest accepted lock name (one znode path segment)."""
+
+TASK_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "lock_name": "name",
+        "lock_key": "key",
+        "lock_mode": "mode",
+        "lock_on_busy": "on_busy",
+        "lock_timeout": "timeout",
+        "lock_on_timeout": "on_timeout",
+        "lock_on_lost": "on_lost",
+        "lock_retry_countdown": "retry_countdown",
+    }
+)
+"""Task attribute (decorator keyword) -> :class:`LockOptions` field, for every lock option."""
+
+CALL_OVERRIDES: Final[frozenset[str]] = frozenset(
+    {"on_busy", "timeout", "on_timeout", "on_lost", "retry_countdown"}
+)
+"""Keys a call may pass in ``apply_async(..., zklock={...})``. The lock name, key and mode are
+not among them: they decide *which* lock a task takes, and every call of a task must agree."""
+
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = 80
+_short_repr.maxother = 80
+
+_T = TypeVar("_T", bound=str)
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """The validated lock options of one task (or of one call, after its overrides).
+
+    Every instance is valid: the constructor checks and normalises every field (a list ``key``
+    becomes a tuple, an ``int`` timeout a ``float``) and raises
+    :class:`~celery_zklock.errors.ConfigurationError` otherwise. Build them with
+    :func:`options_from_task` for messages that name the task.
+    """
+
+    name: str
+    """``lock_name``: the znode path segment under the root (default: the task name). Tasks
+    with the same name share locks."""
+
+    key: LockKeySpec
+    """``lock_key``: which arguments identify the lock (see :mod:`celery_zklock.keys`)."""
+
+    mode: LockMode = DEFAULT_MODE
+    """``lock_mode``: ``exclusive`` (one holder) or ``shared`` (readers together, writers alone:
+    ``shared`` tasks take the read side of a read-write lock, ``exclusive`` ones the write side)."""
+
+    on_busy: OnBusy = DEFAULT_ON_BUSY
+    """``lock_on_busy``, when the lock is held by another: ``skip`` (end SUCCESS with a skip
+    result, body not run), ``wait`` (block up to ``timeout``), ``retry`` (``self.retry`` after
+    ``retry_countdown``) or ``raise`` (fail with ``LockBusy``)."""
+
+    timeout: float | None = DEFAULT_TIMEOUT
+    """``lock_timeout``: seconds a ``wait`` may last, ``>= 0``; ``None`` (only when given
+    explicitly) waits without limit."""
+
+    on_timeout: OnTimeout = DEFAULT_ON_TIMEOUT
+    """``lock_on_timeout``, when a ``wait`` reaches ``timeout``: ``skip``, ``retry`` or
+    ``raise`` (fail with ``LockTimeout``)."""
+
+    on_lost: OnLost = DEFAULT_ON_LOST
+    """``lock_on_lost``, when the lock is lost while the body runs: ``raise`` (fail with
+    ``LockLost``) or ``retry`` (retry after ``retry_countdown``)."""
+
+    retry_countdown: float = DEFAULT_RETRY_COUNTDOWN
+    """``lock_retry_countdown``: seconds before a ``retry`` policy's new attempt, ``>= 0``."""
+
+    def __post_init__(self) -> None:
+        context = f"LockOptions(name={self.name!r})"
+        checked = {
+            "name": check_lock_name(context, "name", self.name),
+            "key": check_lock_key_spec(self.name, self.key),
+            "mode": _choice(context, "mode", self.mode, LOCK_MODES),
+            "on_busy": _choice(context, "on_busy", self.on_busy, ON_BUSY_POLICIES),
+            "timeout": _timeout(context, "timeout", self.timeout),
+            "on_timeout": _choice(context, "on_timeout", self.on_timeout, ON_TIMEOUT_POLICIES),
+            "on_lost": _choice(context, "on_lost", self.on_lost, ON_LOST_POLICIES),
+            "retry_countdown": _seconds(context, "retry_countdown", self.retry_countdown),
+        }
+        for field, value in checked.items():
+            object.__setattr__(self, field, value)
+
+
+def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
+    """Build a task's :class:`LockOptions` from its ``lock_*`` attributes.
+
+    ``attrs`` maps attribute names (the keys of :data:`TASK_ATTRIBUTES`: ``lock_name``,
+    ``lock_key``, ``lock_mode``, ``lock_on_busy``, ``lock_timeout``, ``lock_on_timeout``,
+    ``lock_on_lost``, ``lock_retry_countdown``) to values; a missing attribute takes its default.
+    ``lock_name=None`` means the default (the task name) and ``lock_key=None`` means all
+    arguments; ``lock_timeout=None`` means *no limit*, so pass it only when the user set it.
+
+    Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task, the attribute, the
+    bad value and what is allowed: an attribute name not in :data:`TASK_ATTRIBUTES` (a typo such
+    as ``lock_on_bussy``), a mode or policy not among its choices, a timeout or countdown that is
+    not a finite number ``>= 0``, a lock name that is not one znode path segment (empty, ``.``,
+    ``..``, containing ``/`` or a control character), or a ``lock_key`` of the wrong shape.
+    """
+    context = f"task {task_name!r}"
+    for attribute in attrs:
+        if attribute not in TASK_ATTRIBUTES:
+            raise ConfigurationError(
+                f"{context}: unknown lock option {_short_repr.repr(attribute)}"
+                f"{_did_you_mean(attribute, TASK_ATTRIBUTES)}; the lock options are: "
+                f"{', '.join(TASK_ATTRIBUTES)}"
+            )
+
+    name = attrs.get("lock_name")
+    if name is None:
+        name = check_lock_name(
+            context,
+            "lock_name (default: the task name)",
+            task_name,
+            "set lock_name to a valid name; ",
+        )
+    else:
+        name = check_lock_name(context, "lock_name", name)
+    options = LockOptions(
+        name=name,
+        key=check_lock_key_spec(task_name, attrs.get("lock_key")),
+        mode=_choice(context, "lock_mode", attrs.get("lock_mode", DEFAULT_MODE), LOCK_MODES),
+        on_busy=_choice(
+            context, "lock_on_busy", attrs.get("lock_on_busy", DEFAULT_ON_BUSY), ON_BUSY_POLICIES
+        ),
+        timeout=_timeout(context, "lock_timeout", attrs.get("lock_timeout", DEFAULT_TIMEOUT)),
+        on_timeout=_choice(
+            context,
+            "lock_on_timeout",
+            attrs.get("lock_on_timeout", DEFAULT_ON_TIMEOUT),
+            ON_TIMEOUT_POLICIES,
+        ),
+        on_lost=_choice(
+            context, "lock_on_lost", attrs.get("lock_on_lost", DEFAULT_ON_LOST), ON_LOST_POLICIES
+        ),
+        retry_countdown=_seconds(
+            context,
+            "lock_retry_countdown",
+            attrs.get("lock_retry_countdown", DEFAULT_RETRY_COUNTDOWN),
+        ),
+    )
+    return options
+
+
+def with_call_overrides(
+    options: LockOptions, task_name: str, overrides: Mapping[str, object]
+) -> LockOptions:
+    """Return ``options`` with one call's ``zklock={...}`` overrides applied.
+
+    Allowed keys are :data:`CALL_OVERRIDES` (``on_busy``, ``timeout``, ``on_timeout``,
+    ``on_lost``, ``retry_countdown``), with the same values as the task attributes; keys not given
+    keep the task's value, and ``timeout=None`` means no limit. Values are accepted as they arrive
+    after a JSON round trip (strings, ``int`` or ``float`` numbers, ``null``). ``options`` itself is
+    not changed.
+
+    Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task and the key when
+    ``overrides`` is not a mapping, a key is not allowed (name, key and mode cannot change per
+    call), or a value is not valid for its key.
+    """
+    context = f"task {task_name!r}"
+    if not isinstance(overrides, Mapping):
+        raise ConfigurationError(
+            f"{context}: zklock={_short_repr.repr(overrides)} is not valid; give a dict with "
+            f"some of the keys {_allowed_keys()}"
+        )
+    on_busy = options.on_busy
+    timeout = options.timeout
+    on_timeout = options.on_timeout
+    on_lost = options.on_lost
+    retry_countdown = options.retry_countdown
+    for key, value in overrides.items():
+        label = f"zklock[{_short_repr.repr(key)}]"
+        if key == "on_busy":
+            on_busy = _choice(context, label, value, ON_BUSY_POLICIES)
+        elif key == "timeout":
+            timeout = _timeout(context, label, value)
+        elif key == "on_timeout":
+            on_timeout = _choice(context, label, value, ON_TIMEOUT_POLICIES)
+        elif key == "on_lost":
+            on_lost = _choice(context, label, value, ON_LOST_POLICIES)
+        elif key == "retry_countdown":
+            retry_countdown = _seconds(context, label, value)
+        else:
+            fixed = ""
+            if isinstance(key, str) and key.removeprefix("lock_") in ("name", "key", "mode"):
+                fixed = " (the lock name, key and mode are fixed by the task, not per call)"
+            raise ConfigurationError(
+                f"{context}: zklock override key {_short_repr.repr(key)} is not allowed{fixed}"
+                f"{_did_you_mean(key, CALL_OVERRIDES)}; allowed keys: {_allowed_keys()}"
+            )
+    return dataclasses.replace(
+        options,
+        on_busy=on_busy,
+        timeout=timeout,
+        on_timeout=on_timeout,
+        on_lost=on_lost,
+        retry_countdown=retry_countdown,
+    )
+
+
+def check_lock_name(context: str, label: str, value: object, advice: str = "") -> str:
+    """Return ``value`` if it can be one znode path segment, else raise ConfigurationError.
+
+    A lock name is a non-empty ``str`` of at most :data:`MAX_LOCK_NAME_LENGTH` characters, not
+    ``.`` or ``..``, without ``/`` and without the characters ZooKeeper rejects in paths (NUL and
+    other control characters, U+007F-U+009F, surrogates and U+E000-U+F8FF, U+FFF0-U+FFFF). Dots
+    are allowed (``proj.tasks.sync``). The message starts with ``context`` (``task 'x'``), names
+    ``label`` and the value, and ends with ``advice`` (if any) before the rules.
+    """
+    rules = (
+        "a lock name is one znode path segment: a non-empty string without '/' or control "
+        "characters, not '.' or '..'"
+    )
+    problem: str | None = None
+    if not isinstance(value, str):
+        problem = "is not a string"
+    elif value == "":
+        problem = "is empty"
+    elif value in (".", ".."):
+        problem = "is a relative path segment"
+    elif "/" in value:
+        problem = "contains '/'"
+    elif len(value) > MAX_LOCK_NAME_LENGTH:
+        problem = f"is longer than {MAX_LOCK_NAME_LENGTH} characters"
+    else:
+        bad = next((char for char in value if _forbidden_in_znode(char)), None)
+        if bad is not None:
+            problem = f"contains the character U+{ord(bad):04X}"
+    if problem is None:
+        assert isinstance(value, str)
+        return value
+    raise ConfigurationError(
+        f"{context}: {label}={_short_repr.repr(value)} {problem}; {advice}{rules}"
+    )
+
+
+def _forbidden_in_znode(char: str) -> bool:
+    # The ranges ZooKeeper's PathUtils.validatePath rejects.
+    code = ord(char)
+    return (
+        code <= 0x1F or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xF8FF or 0xFFF0 <= code <= 0xFFFF
+    )
+
+
+def _choice(context: str, label: str, value: object, allowed: tuple[_T, ...]) -> _T:
+    for choice in allowed:
+        if value == choice and isinstance(value, str):
+            return choice
+    raise ConfigurationError(
+        f"{context}: {label}={_short_repr.repr(value)} is not valid; allowed values: "
+        f"{', '.join(repr(choice) for choice in allowed)}"
+    )
+
+
+def _seconds(context: str, label: str, value: object) -> float:
+    """A finite number of seconds >= 0 as a float (``bool`` is not a number here)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    raise ConfigurationError(
+        f"{context}: {label}={_short_repr.repr(value)} is not valid; give a finite number of "
+        f"seconds >= 0"
+    )
+
+
+def _timeout(context: str, label: str, value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return _seconds(context, label, value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc}, or None to wait without limit") from None
+
+
+def _allowed_keys() -> str:
+    return ", ".join(sorted(CALL_OVERRIDES))
+
+
+def _did_you_mean(key: object, known: Mapping[str, object] | frozenset[str]) -> str:
+    if not isinstance(key, str):
+        return ""
+    matches = difflib.get_close_matches(key, sorted(known), n=1)
+    return f" (did you mean {matches[0]!r}?)" if matches else ""

@@ -1,0 +1,57 @@
+"""Helpers shared by the lock tests: server-side session expiry, polling, 4lw queries."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+
+
+def expire_session(hosts: str, client: KazooClient) -> None:
+    """Expire ``client``'s session on the server (its ephemeral nodes vanish at once).
+
+    A second client attaches to the same session and closes it: the real server-side expiry,
+    not kazoo's client-side simulation.
+    """
+    session_id, password = client.client_id
+    twin = KazooClient(hosts, client_id=(session_id, password))
+    twin.start(timeout=15)
+    twin.stop()
+    twin.close()
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def four_letter(hosts: str, word: str) -> str:
+    """Send a ZooKeeper four-letter word to the first host of ``hosts``; return the answer."""
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(word.encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def watches_by_path(hosts: str) -> dict[str, list[str]]:
+    """``wchp``: the sessions watching each path."""
+    result: dict[str, list[str]] = {}
+    current = None
+    for line in four_letter(hosts, "wchp").splitlines():
+        if line.startswith("/"):
+            current = line.strip()
+            result[current] = []
+        elif line.strip().startswith("0x") and current is not None:
+            result[current].append(line.strip())
+    return result

@@ -1,0 +1,206 @@
+"""compose/: the Compose file validates and describes the fleet the README promises.
+
+No Docker engine is needed: ``docker-compose config`` validates and normalises the file offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
+DOCKERFILE = ROOT / "compose" / "Dockerfile"
+ZOO_SERVICES = ("zoo1", "zoo2", "zoo3")
+SERVER_LINE = re.compile(r"^server\.(\d+)=([\w.-]+):2888:3888;2181$")
+
+
+def _docker_compose() -> str:
+    path = shutil.which("docker-compose")
+    if path is None:
+        pytest.skip("docker-compose is not installed: apt-get install -y docker-compose")
+    return path
+
+
+def _compose(*args: str) -> subprocess.CompletedProcess[str]:
+    # Defaults in the file must be what is checked, not whatever the caller's shell exports.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZKLOCK_")}
+    return subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _yaml_to_data(text: str) -> dict[str, Any]:
+    """Parse YAML with PyYAML if this environment has it, else with docker-compose's own Python."""
+    try:
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        pass
+    else:
+        loaded: dict[str, Any] = yaml.safe_load(text)
+        return loaded
+    # docker-compose v1 is a Python program that depends on PyYAML: its interpreter has it.
+    with open(_docker_compose(), encoding="utf-8", errors="replace") as f:
+        shebang = f.readline()
+    if not shebang.startswith("#!"):
+        pytest.fail("no PyYAML here and docker-compose is not a Python script: pip install pyyaml")
+    interpreter = shlex.split(shebang[2:])
+    done = subprocess.run(
+        [
+            *interpreter,
+            "-c",
+            "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)",
+        ],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    converted: dict[str, Any] = json.loads(done.stdout)
+    return converted
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    done = _compose("config")
+    assert done.returncode == 0, done.stderr
+    return _yaml_to_data(done.stdout)
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):  # KEY=VALUE form
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host ip, host port, container port) of each published port, short or long syntax."""
+    out = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            out.append((str(port.get("host_ip", "")), int(port["published"]), int(port["target"])))
+        else:
+            ip, host, container = str(port).split("/")[0].rsplit(":", 2)
+            out.append((ip, int(host), int(container)))
+    return out
+
+
+def test_compose_file_validates() -> None:
+    done = _compose("config", "-q")
+    assert done.returncode == 0, done.stderr
+
+
+def test_zookeeper_ensemble_is_consistent(config: dict[str, Any]) -> None:
+    services = config["services"]
+    zoo = {
+        name: s for name, s in services.items() if str(s.get("image", "")).startswith("zookeeper")
+    }
+    assert sorted(zoo) == list(ZOO_SERVICES)
+
+    ids = {name: _environment(s)["ZOO_MY_ID"] for name, s in zoo.items()}
+    assert sorted(ids.values()) == ["1", "2", "3"]
+
+    server_lists = {_environment(s)["ZOO_SERVERS"] for s in zoo.values()}
+    assert len(server_lists) == 1, "every node must be given the same ensemble"
+    entries = [SERVER_LINE.match(item) for item in server_lists.pop().split()]
+    assert all(entries)
+    # server.N names the node whose ZOO_MY_ID is N.
+    assert {m.group(1): m.group(2) for m in entries if m} == {v: k for k, v in ids.items()}
+
+    for name, service in zoo.items():
+        whitelist = _environment(service)["ZOO_4LW_COMMANDS_WHITELIST"].split(",")
+        assert {"srvr", "ruok", "mntr", "cons", "wchs", "wchc", "dump"} <= set(whitelist)
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_redis_service(config: dict[str, Any]) -> None:
+    redis = config["services"]["redis"]
+    assert str(redis["image"]).startswith("redis")
+    assert redis.get("healthcheck", {}).get("test")
+
+
+def test_published_ports_are_loopback_only_and_distinct(config: dict[str, Any]) -> None:
+    services = config["services"]
+    published = {name: _published(services[name]) for name in (*ZOO_SERVICES, "redis")}
+    for name, ports in published.items():
+        assert ports, f"{name} publishes no port for a host-side load test"
+        assert all(ip == "127.0.0.1" for ip, _, _ in ports), name
+    assert [p[0][2] for p in published.values()] == [2181, 2181, 2181, 6379]
+    host_ports = [host for ports in published.values() for _, host, _ in ports]
+    assert len(set(host_ports)) == len(host_ports)
+
+
+def test_worker_service_scales(config: dict[str, Any]) -> None:
+    worker = config["services"]["worker"]
+    assert _command(worker) == ["python", "-m", "workers"]
+    assert "container_name" not in worker
+    assert not worker.get("ports"), "a fixed host port would stop --scale worker=N"
+
+    build = worker["build"]
+    assert Path(build["context"]).resolve() == ROOT
+    assert build["dockerfile"] == "compose/Dockerfile"
+
+    env = _environment(worker)
+    assert env["ZKLOCK_HOSTS"] == "zoo1:2181,zoo2:2181,zoo3:2181"
+    assert env["ZKLOCK_BROKER_URL"] == "redis://redis:6379/0"
+    assert env["ZKLOCK_POOL"] == "prefork"
+    assert env["ZKLOCK_CONCURRENCY"] == "4"
+    assert "ZKLOCK_SESSION_TIMEOUT" in env
+
+    depends = worker["depends_on"]
+    assert {name: d["condition"] for name, d in depends.items()} == {
+        **{name: "service_healthy" for name in ZOO_SERVICES},
+        "redis": "service_healthy",
+    }
+
+
+def test_worker_settings_come_from_the_environment() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZKLOCK_")}
+    env |= {"ZKLOCK_POOL": "gevent", "ZKLOCK_CONCURRENCY": "50", "ZKLOCK_SESSION_TIMEOUT": "3"}
+    done = subprocess.run(
+        [_docker_compose(), "-f", str(COMPOSE_FILE), "config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    worker_env = _environment(_yaml_to_data(done.stdout)["services"]["worker"])
+    assert worker_env["ZKLOCK_POOL"] == "gevent"
+    assert worker_env["ZKLOCK_CONCURRENCY"] == "50"
+    assert worker_env["ZKLOCK_SESSION_TIMEOUT"] == "3"
+
+
+def test_dockerfile_installs_the_project() -> None:
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
+    assert re.search(r"^RUN pip install \.(\s|$)", text, re.MULTILINE)
+    # Every COPY source the package build needs must exist in the build context.
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            *sources, _dest = line.split()[1:]
+            for source in sources:
+                if "*" not in source:
+                    assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"

@@ -1,0 +1,300 @@
+"""Mutex and ReadWriteLock on a real ZooKeeper: the contract of acquire, release and the lease."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from celery_zklock import Lease, LockLost, LockTimeout, Mutex, ReadWriteLock, ZkLockError
+from celery_zklock.testing.proxy import TcpProxy
+from tests.lockutil import expire_session, wait_for
+
+
+def children(client: KazooClient, path: str) -> list[str]:
+    return sorted(client.get_children(path)) if client.exists(path) else []
+
+
+@pytest.fixture
+def other_client(zk_hosts: str) -> Iterator[KazooClient]:
+    client = KazooClient(zk_hosts, timeout=10)
+    client.start(timeout=15)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_lease_layout_token_and_release(zk_client: KazooClient, lock_root: str) -> None:
+    path = f"{lock_root}/report-42"
+    lease = Mutex(zk_client, path).acquire(timeout=5)
+    (name,) = children(zk_client, path)
+    assert lease.node == f"{path}/{name}"
+    assert name.startswith("_c_") and name[39] == "-" and name[40:50] == "lock-00000"
+    assert len(name) == len("_c_") + 36 + len("-lock-") + 10
+    stat = zk_client.exists(lease.node)
+    assert stat is not None and stat.ephemeralOwner == zk_client.client_id[0]
+    assert lease.token == stat.czxid
+    lease.release()
+    lease.release()  # idempotent
+    assert children(zk_client, path) == []
+    assert not lease.held and not lease.lost
+
+
+def test_parents_are_containers(zk_client: KazooClient, lock_root: str) -> None:
+    path = f"{lock_root}/a/b"
+    with Mutex(zk_client, path).acquire(timeout=5):
+        for parent in (lock_root, f"{lock_root}/a", path):
+            data, _ = zk_client.get(parent)
+            stat = zk_client.exists(parent)
+            assert stat is not None and stat.ephemeralOwner == 0
+    # containers: the server removes them once empty (check interval 300 ms in the fixture)
+    wait_for(lambda: zk_client.exists(lock_root) is None, 10, "container parents to be reaped")
+
+
+def test_try_lock_on_held_lock_returns_none_and_leaves_no_node(
+    zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    held = Mutex(zk_client, lock_root).acquire(timeout=5)
+    before = children(zk_client, lock_root)
+    assert Mutex(other_client, lock_root).acquire(blocking=False) is None
+    assert children(zk_client, lock_root) == before
+    held.release()
+    lease = Mutex(other_client, lock_root).acquire(blocking=False)
+    assert lease is not None
+    lease.release()
+
+
+def test_timed_out_acquire_raises_and_leaves_no_node(
+    zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    held = Mutex(zk_client, lock_root).acquire(timeout=5)
+    before = children(zk_client, lock_root)
+    started = time.monotonic()
+    with pytest.raises(LockTimeout):
+        Mutex(other_client, lock_root).acquire(timeout=0.4)
+    elapsed = time.monotonic() - started
+    assert 0.4 <= elapsed < 2.0
+    assert children(zk_client, lock_root) == before
+    held.release()
+
+
+def test_timeout_is_one_total_deadline_across_waits(
+    zk_hosts: str, zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    """Predecessors that come and go must not restart the clock (kazoo's Lock does)."""
+    first = Mutex(zk_client, lock_root).acquire(timeout=5)
+    stop = threading.Event()
+
+    def churn() -> None:
+        # a second holder-in-waiting that keeps being replaced ahead of the waiter
+        client = KazooClient(zk_hosts, timeout=10)
+        client.start()
+        while not stop.is_set():
+            try:
+                lease = Mutex(client, lock_root).acquire(timeout=0.1)
+                lease.release()
+            except LockTimeout:
+                pass
+        client.stop()
+        client.close()
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    wait_for(lambda: len(children(zk_client, lock_root)) == 2, 5, "the churning contender")
+    started = time.monotonic()
+    with pytest.raises(LockTimeout):
+        Mutex(other_client, lock_root).acquire(timeout=1.0)
+    elapsed = time.monotonic() - started
+    stop.set()
+    churner.join()
+    first.release()
+    assert elapsed < 1.6
+
+
+def _throw_into(thread: threading.Thread, exc: type[BaseException]) -> None:
+    assert thread.ident is not None
+    count = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(exc)
+    )
+    assert count == 1
+
+
+class Interrupt(BaseException):
+    """Not an Exception: like KeyboardInterrupt, must still clean up."""
+
+
+def test_exception_thrown_into_waiting_acquire_leaves_no_node(
+    zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    held = Mutex(zk_client, lock_root).acquire(timeout=5)
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            Mutex(other_client, lock_root).acquire(timeout=30)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_for(lambda: len(children(zk_client, lock_root)) == 2, 5, "the waiter's node")
+    _throw_into(thread, Interrupt)
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], Interrupt)
+    assert children(zk_client, lock_root) == [held.node.rsplit("/", 1)[1]]
+    held.release()
+
+
+def test_reentrant_per_thread_counted(zk_client: KazooClient, lock_root: str) -> None:
+    outer = Mutex(zk_client, lock_root).acquire(timeout=5)
+    inner = Mutex(zk_client, lock_root).acquire(timeout=5)
+    assert inner.node == outer.node and inner.token == outer.token
+    inner.release()
+    inner.release()
+    assert zk_client.exists(outer.node) is not None
+    outer.release()
+    assert zk_client.exists(outer.node) is None
+
+
+def test_read_to_write_upgrade_is_refused_not_deadlocked(
+    zk_client: KazooClient, lock_root: str
+) -> None:
+    rw = ReadWriteLock(zk_client, lock_root)
+    with rw.read.acquire(timeout=5), pytest.raises(ZkLockError, match="upgrading would deadlock"):
+        rw.write.acquire(timeout=5)
+    # and a writer may read (reentrant, like Curator)
+    with rw.write.acquire(timeout=5) as write, rw.read.acquire(timeout=5) as read:
+        assert read.node == write.node
+
+
+def test_readers_share_writer_excludes(
+    zk_hosts: str, zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    third = KazooClient(zk_hosts, timeout=10)
+    third.start()
+    try:
+        r1 = ReadWriteLock(zk_client, lock_root).read.acquire(timeout=5)
+        r2 = ReadWriteLock(other_client, lock_root).read.acquire(timeout=5)
+        assert r1.held and r2.held
+        assert ReadWriteLock(third, lock_root).write.acquire(blocking=False) is None
+        names = children(zk_client, lock_root)
+        assert len(names) == 2 and all("__READ__" in n for n in names)
+        r1.release()
+        r2.release()
+        with ReadWriteLock(third, lock_root).write.acquire(timeout=5) as w:
+            assert "__WRIT__" in w.node
+            assert ReadWriteLock(zk_client, lock_root).read.acquire(blocking=False) is None
+    finally:
+        third.stop()
+        third.close()
+
+
+def test_session_expiry_while_held(
+    zk_hosts: str, other_client: KazooClient, lock_root: str
+) -> None:
+    client = KazooClient(zk_hosts, timeout=10)
+    client.start()
+    try:
+        lease = Mutex(client, lock_root).acquire(timeout=5)
+        lost = threading.Event()
+        lease.on_lost(lambda reason: lost.set())
+        expire_session(zk_hosts, client)
+        successor = Mutex(other_client, lock_root).acquire(timeout=10)
+        assert successor.token > lease.token
+        assert lost.wait(10)
+        assert lease.lost and not lease.held
+        with pytest.raises(LockLost):
+            lease.check()
+        lease.release()  # must not remove the successor's node
+        assert children(other_client, lock_root) == [successor.node.rsplit("/", 1)[1]]
+        assert successor.held
+        # the expired client works again with a new session; tokens keep rising
+        successor.release()
+        third = Mutex(client, lock_root).acquire(timeout=10)
+        assert third.token > successor.token
+        third.release()
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_context_manager_raises_lock_lost_after_loss(zk_hosts: str, lock_root: str) -> None:
+    client = KazooClient(zk_hosts, timeout=10)
+    client.start()
+    try:
+        with pytest.raises(LockLost), Mutex(client, lock_root).acquire(timeout=5) as lease:
+            expire_session(zk_hosts, client)
+            wait_for(lambda: lease.lost, 10, "the lease to turn lost")
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_connection_drop_during_create_keeps_one_node(
+    zk_server: object, zk_client: KazooClient, lock_root: str
+) -> None:
+    """The create runs on the server but its answer is lost: the node is found again by uuid."""
+    host, port = zk_client.hosts[0]
+    with TcpProxy(host, port) as proxy:
+        client = KazooClient(proxy.address, timeout=10)
+        client.start()
+        try:
+            proxy.drop_responses = True
+            result: list[object] = []
+            thread = threading.Thread(
+                target=lambda: result.append(Mutex(client, lock_root).acquire(timeout=20))
+            )
+            thread.start()
+            wait_for(lambda: len(children(zk_client, lock_root)) == 1, 5, "the create to run")
+            proxy.drop_responses = False
+            assert proxy.cut() == 1
+            thread.join(20)
+            (lease,) = result
+            assert isinstance(lease, Lease)
+            assert children(zk_client, lock_root) == [lease.node.rsplit("/", 1)[1]]
+            lease.release()
+            assert children(zk_client, lock_root) == []
+        finally:
+            client.stop()
+            client.close()
+
+
+def test_try_lock_while_disconnected_leaves_no_node(zk_client: KazooClient, lock_root: str) -> None:
+    """A try-lock whose answer never comes raises LockTimeout; its node goes on reconnect."""
+    host, port = zk_client.hosts[0]
+    zk_client.ensure_path(lock_root)
+    with TcpProxy(host, port) as proxy:
+        client = KazooClient(proxy.address, timeout=10)
+        client.start()
+        try:
+            proxy.drop_responses = True
+            with pytest.raises(LockTimeout):
+                Mutex(client, f"{lock_root}/k").acquire(blocking=False, timeout=0.5)
+            assert len(children(zk_client, f"{lock_root}/k")) == 1  # created, answer lost
+            proxy.drop_responses = False
+            proxy.cut()
+            wait_for(lambda: children(zk_client, f"{lock_root}/k") == [], 10, "orphan removal")
+        finally:
+            client.stop()
+            client.close()
+
+
+def test_acquire_recreates_parent_reaped_after_we_saw_it(
+    zk_client: KazooClient, lock_root: str
+) -> None:
+    path = f"{lock_root}/k"
+    Mutex(zk_client, path).acquire(timeout=5).release()  # this client now "knows" the parent
+    wait_for(lambda: zk_client.exists(path) is None, 10, "the container to be reaped")
+    with Mutex(zk_client, path).acquire(timeout=5) as lease:
+        assert lease.held
+
+
+def test_bad_paths_are_refused(zk_client: KazooClient) -> None:
+    for bad in ("relative", "/", "/a//b", "/a/", "/a/../b"):
+        with pytest.raises(ValueError, match="lock path"):
+            Mutex(zk_client, bad)

@@ -1,0 +1,299 @@
+"""Task lock options: defaults, validation messages, per-call overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import get_args
+
+import pytest
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.options import (
+    CALL_OVERRIDES,
+    LOCK_MODES,
+    ON_BUSY_POLICIES,
+    ON_LOST_POLICIES,
+    ON_TIMEOUT_POLICIES,
+    TASK_ATTRIBUTES,
+    LockMode,
+    LockOptions,
+    OnBusy,
+    OnLost,
+    OnTimeout,
+    check_lock_name,
+    options_from_task,
+    with_call_overrides,
+)
+
+TASK = "proj.tasks.sync"
+
+
+def test_defaults() -> None:
+    options = options_from_task(TASK, {})
+    assert options == LockOptions(
+        name=TASK,
+        key=None,
+        mode="exclusive",
+        on_busy="wait",
+        timeout=60.0,
+        on_timeout="raise",
+        on_lost="raise",
+        retry_countdown=5.0,
+    )
+    assert options.name == TASK  # dots of Celery task names are fine
+
+
+def test_every_attribute_is_taken_and_normalised() -> None:
+    options = options_from_task(
+        TASK,
+        {
+            "lock_name": "accounts",
+            "lock_key": ["account_id"],
+            "lock_mode": "shared",
+            "lock_on_busy": "retry",
+            "lock_timeout": 3,
+            "lock_on_timeout": "skip",
+            "lock_on_lost": "retry",
+            "lock_retry_countdown": 0,
+        },
+    )
+    assert options == LockOptions(
+        name="accounts",
+        key=("account_id",),
+        mode="shared",
+        on_busy="retry",
+        timeout=3.0,
+        on_timeout="skip",
+        on_lost="retry",
+        retry_countdown=0.0,
+    )
+    assert isinstance(options.timeout, float)
+    assert isinstance(options.retry_countdown, float)
+    hash(options)  # frozen and hashable: usable as a cache key
+
+
+def test_none_means_default_name_all_arguments_and_no_time_limit() -> None:
+    options = options_from_task(TASK, {"lock_name": None, "lock_key": None, "lock_timeout": None})
+    assert options.name == TASK
+    assert options.key is None
+    assert options.timeout is None
+
+
+def test_key_shapes_are_kept() -> None:
+    def pick(account_id: int) -> int:
+        return account_id
+
+    assert options_from_task(TASK, {"lock_key": "{account_id}"}).key == "{account_id}"
+    assert options_from_task(TASK, {"lock_key": pick}).key is pick
+    assert options_from_task(TASK, {"lock_key": []}).key == ()
+
+
+def test_constants_match_the_literal_types() -> None:
+    assert LOCK_MODES == get_args(LockMode) == ("exclusive", "shared")
+    assert ON_BUSY_POLICIES == get_args(OnBusy) == ("skip", "wait", "retry", "raise")
+    assert ON_TIMEOUT_POLICIES == get_args(OnTimeout) == ("skip", "retry", "raise")
+    assert ON_LOST_POLICIES == get_args(OnLost) == ("raise", "retry")
+    fields = {field.name for field in dataclasses.fields(LockOptions)}
+    assert set(TASK_ATTRIBUTES.values()) == fields
+    assert all(attribute == "lock_" + field for attribute, field in TASK_ATTRIBUTES.items())
+    assert fields >= CALL_OVERRIDES
+    assert {"name", "key", "mode"}.isdisjoint(CALL_OVERRIDES)
+
+
+NAME_RULES = "a lock name is one znode path segment"
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "fragments"),
+    [
+        ("lock_mode", "exclusiv", ["lock_mode='exclusiv'", "'exclusive', 'shared'"]),
+        ("lock_mode", None, ["lock_mode=None", "'exclusive', 'shared'"]),
+        ("lock_mode", "EXCLUSIVE", ["lock_mode='EXCLUSIVE'"]),
+        ("lock_on_busy", "block", ["lock_on_busy='block'", "'skip', 'wait', 'retry', 'raise'"]),
+        ("lock_on_busy", 1, ["lock_on_busy=1", "'skip', 'wait', 'retry', 'raise'"]),
+        ("lock_on_timeout", "wait", ["lock_on_timeout='wait'", "'skip', 'retry', 'raise'"]),
+        ("lock_on_lost", "skip", ["lock_on_lost='skip'", "'raise', 'retry'"]),
+        ("lock_timeout", -1, ["lock_timeout=-1", ">= 0", "or None to wait without limit"]),
+        ("lock_timeout", "5", ["lock_timeout='5'", "number of seconds"]),
+        ("lock_timeout", True, ["lock_timeout=True", "number of seconds"]),
+        ("lock_timeout", float("inf"), ["lock_timeout=inf", "finite", "or None"]),
+        ("lock_timeout", float("nan"), ["lock_timeout=nan", "finite"]),
+        ("lock_timeout", 10**400, ["lock_timeout=", "finite"]),
+        ("lock_retry_countdown", -0.5, ["lock_retry_countdown=-0.5", ">= 0"]),
+        ("lock_retry_countdown", None, ["lock_retry_countdown=None", "number of seconds"]),
+        ("lock_name", "", ["lock_name='' is empty", NAME_RULES]),
+        ("lock_name", "a/b", ["lock_name='a/b' contains '/'", NAME_RULES]),
+        ("lock_name", "/abs", ["lock_name='/abs' contains '/'"]),
+        ("lock_name", ".", ["lock_name='.' is a relative path segment"]),
+        ("lock_name", "..", ["lock_name='..' is a relative path segment"]),
+        ("lock_name", "a\x00b", ["contains the character U+0000"]),
+        ("lock_name", "tab\there", ["contains the character U+0009"]),
+        ("lock_name", "del\x7f", ["contains the character U+007F"]),
+        ("lock_name", "c1\x85", ["contains the character U+0085"]),
+        ("lock_name", "pua\ue000", ["contains the character U+E000"]),
+        ("lock_name", "x\ufff0", ["contains the character U+FFF0"]),
+        ("lock_name", "n" * 256, ["is longer than 255 characters"]),
+        ("lock_name", 42, ["lock_name=42 is not a string"]),
+        ("lock_key", 3.5, ["lock_key=3.5 of type float is not valid"]),
+        ("lock_key", ["a", 1], ["lock_key lists 1 of type int"]),
+    ],
+)
+def test_invalid_task_attribute(attribute: str, value: object, fragments: list[str]) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        options_from_task(TASK, {attribute: value})
+    message = str(caught.value)
+    assert message.startswith(f"task {TASK!r}: ")
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_valid_unusual_values() -> None:
+    assert options_from_task(TASK, {"lock_timeout": 0}).timeout == 0.0
+    assert options_from_task(TASK, {"lock_name": "n" * 255}).name == "n" * 255
+    assert options_from_task(TASK, {"lock_name": "é 日本 ...x"}).name == "é 日本 ...x"
+    assert options_from_task(TASK, {"lock_name": "..."}).name == "..."
+
+
+def test_unknown_attribute_is_named_with_a_suggestion() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        options_from_task(TASK, {"lock_on_bussy": "skip"})
+    message = str(caught.value)
+    assert message.startswith(f"task {TASK!r}: unknown lock option 'lock_on_bussy'")
+    assert "(did you mean 'lock_on_busy'?)" in message
+    assert "lock_retry_countdown" in message
+
+    with pytest.raises(ConfigurationError, match=r"unknown lock option 'zzz'; the lock options"):
+        options_from_task(TASK, {"zzz": 1})
+
+
+def test_task_name_unusable_as_default_lock_name() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        options_from_task("reports/daily", {})
+    message = str(caught.value)
+    assert message.startswith("task 'reports/daily': lock_name (default: the task name)=")
+    assert "contains '/'" in message
+    assert "set lock_name to a valid name" in message
+    assert options_from_task("reports/daily", {"lock_name": "reports.daily"}).name == (
+        "reports.daily"
+    )
+
+
+def test_check_lock_name_contract() -> None:
+    assert check_lock_name("ctx", "label", "ok.name") == "ok.name"
+    with pytest.raises(ConfigurationError, match=r"^ctx: label='a/b' contains '/'; do X; a lock"):
+        check_lock_name("ctx", "label", "a/b", "do X; ")
+
+
+def test_lock_options_validate_themselves() -> None:
+    with pytest.raises(ConfigurationError, match=r"LockOptions\(name='x'\): mode='both'"):
+        LockOptions(name="x", key=None, mode="both")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="name='a/b' contains '/'"):
+        LockOptions(name="a/b", key=None)
+    with pytest.raises(ConfigurationError, match="timeout=-1"):
+        LockOptions(name="x", key=None, timeout=-1)
+    options = LockOptions(name="x", key=["a"], timeout=2)
+    assert options.key == ("a",)
+    assert options.timeout == 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.mode = "shared"  # type: ignore[misc]
+
+
+# --- per-call overrides ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def base() -> LockOptions:
+    return options_from_task(
+        TASK, {"lock_key": ["account_id"], "lock_mode": "shared", "lock_on_busy": "skip"}
+    )
+
+
+def test_no_overrides_keeps_options(base: LockOptions) -> None:
+    assert with_call_overrides(base, TASK, {}) == base
+
+
+def test_overrides_change_only_their_keys(base: LockOptions) -> None:
+    merged = with_call_overrides(base, TASK, {"on_busy": "wait", "timeout": 5})
+    assert merged == dataclasses.replace(base, on_busy="wait", timeout=5.0)
+    assert isinstance(merged.timeout, float)
+    assert base.on_busy == "skip"  # the task's options are not changed
+    assert base.timeout == 60.0
+
+
+def test_every_override_key(base: LockOptions) -> None:
+    merged = with_call_overrides(
+        base,
+        TASK,
+        {
+            "on_busy": "retry",
+            "timeout": 0.25,
+            "on_timeout": "skip",
+            "on_lost": "retry",
+            "retry_countdown": 1,
+        },
+    )
+    assert merged == LockOptions(
+        name=TASK,
+        key=("account_id",),
+        mode="shared",
+        on_busy="retry",
+        timeout=0.25,
+        on_timeout="skip",
+        on_lost="retry",
+        retry_countdown=1.0,
+    )
+
+
+def test_overrides_after_a_json_round_trip(base: LockOptions) -> None:
+    sent = {"on_busy": "wait", "timeout": None, "on_timeout": "retry", "retry_countdown": 2.5}
+    received = json.loads(json.dumps(sent))
+    merged = with_call_overrides(base, TASK, received)
+    assert merged.on_busy == "wait"
+    assert merged.timeout is None
+    assert merged.on_timeout == "retry"
+    assert merged.retry_countdown == 2.5
+    assert with_call_overrides(base, TASK, json.loads('{"timeout": 5}')).timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        ({"on_busy": "sometimes"}, ["zklock['on_busy']='sometimes'", "'skip', 'wait'"]),
+        ({"timeout": -2}, ["zklock['timeout']=-2", ">= 0", "or None"]),
+        ({"timeout": "5"}, ["zklock['timeout']='5'"]),
+        ({"timeout": False}, ["zklock['timeout']=False"]),
+        ({"on_timeout": "wait"}, ["zklock['on_timeout']='wait'", "'skip', 'retry', 'raise'"]),
+        ({"on_lost": None}, ["zklock['on_lost']=None", "'raise', 'retry'"]),
+        ({"retry_countdown": None}, ["zklock['retry_countdown']=None", "number of seconds"]),
+        (
+            {"on_bussy": "skip"},
+            ["zklock override key 'on_bussy' is not allowed", "(did you mean 'on_busy'?)"],
+        ),
+        ({"mode": "exclusive"}, ["key 'mode' is not allowed", "fixed by the task"]),
+        ({"lock_key": ["x"]}, ["key 'lock_key' is not allowed", "fixed by the task"]),
+        ({"name": "other"}, ["key 'name' is not allowed", "fixed by the task"]),
+        ({3: "x"}, ["key 3 is not allowed"]),
+    ],
+)
+def test_invalid_overrides(
+    base: LockOptions, overrides: dict[object, object], fragments: list[str]
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        with_call_overrides(base, TASK, overrides)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert message.startswith(f"task {TASK!r}: zklock")
+    for fragment in fragments:
+        assert fragment in message
+    if "is not allowed" in message:
+        assert message.endswith(
+            "allowed keys: on_busy, on_lost, on_timeout, retry_countdown, timeout"
+        )
+
+
+@pytest.mark.parametrize("overrides", [None, ["on_busy", "wait"], "wait"])
+def test_overrides_must_be_a_mapping(base: LockOptions, overrides: object) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        with_call_overrides(base, TASK, overrides)  # type: ignore[arg-type]
+    assert str(caught.value).startswith(f"task {TASK!r}: zklock=")
+    assert "give a dict with some of the keys on_busy" in str(caught.value)
