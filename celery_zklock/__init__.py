@@ -1,6 +1,28 @@
 """celery-zklock: Celery tasks under ZooKeeper locks."""
 
-from celery_zklock.errors import LockBusy, LockLost, LockTimeout, ZkLockError
+from celery_zklock.errors import (
+    ConfigurationError,
+    LockBusy,
+    LockLost,
+    LockTimeout,
+    ZkLockError,
+    ZooKeeperUnavailable,
+)
+from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import Lease, Mutex, ReadWriteLock
+from celery_zklock.task import ZkLockTask, is_skipped
 
-__all__ = ["Lease", "LockBusy", "LockLost", "LockTimeout", "Mutex", "ReadWriteLock", "ZkLockError"]
+__all__ = [
+    "ConfigurationError",
+    "Lease",
+    "LockBusy",
+    "LockKeyError",
+    "LockLost",
+    "LockTimeout",
+    "Mutex",
+    "ReadWriteLock",
+    "ZkLockError",
+    "ZkLockTask",
+    "ZooKeeperUnavailable",
+    "is_skipped",
+]

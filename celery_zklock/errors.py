@@ -25,3 +25,7 @@ class LockBusy(ZkLockError):
 
 class ConfigurationError(ZkLockError, ValueError):
     """A lock option or setting is invalid; the message names the bad value and what to do."""
+
+
+class ZooKeeperUnavailable(ZkLockError):
+    """ZooKeeper could not be reached in time to take a task's lock; the task was not run."""

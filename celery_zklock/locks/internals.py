@@ -150,7 +150,7 @@ class LockInternals:
         self._state = _state_for(client)
 
     # -- public entry points ---------------------------------------------------------------
-    def acquire(self, *, blocking: bool, timeout: float | None) -> Lease | None:
+    def acquire(self, *, blocking: bool, timeout: float | None, data: bytes = b"") -> Lease | None:
         """Acquire; see :meth:`celery_zklock.Mutex.acquire` for the contract."""
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
@@ -162,7 +162,7 @@ class LockInternals:
             # A try-lock still talks to the server: never let it block forever while cut off.
             timeout = self.watch.session_timeout
         deadline = Deadline(timeout)
-        hold = self._acquire_node(blocking, deadline, thread_id)
+        hold = self._acquire_node(blocking, deadline, thread_id, data)
         if hold is None:
             return None
         with self._state.lock:
@@ -195,6 +195,23 @@ class LockInternals:
             self.watch.purge_later(self.path, name)
             hold.mark_lost("ZooKeeper was unreachable at release; the node is removed on reconnect")
 
+    def blocker_data(self, timeout: float) -> bytes | None:
+        """Data of the contender a new acquire of this kind would wait for first, if any.
+
+        One listing and one read; for reporting who holds a busy lock. ``None`` when no
+        contender blocks (or it went away meanwhile).
+        """
+        deadline = Deadline(timeout)
+        try:
+            queue = queue_of(_wait(self.client.get_children_async(self.path), deadline))
+            blockers = [c for c in queue if self.kind == "write" or c.kind == "write"]
+            if not blockers:
+                return None
+            data, _ = _wait(self.client.get_async(f"{self.path}/{blockers[0].name}"), deadline)
+            return bytes(data)
+        except NoNodeError:
+            return None
+
     def participant_nodes(self) -> list[str]:
         """Names of the current contenders on this lock path, in grant order."""
         try:
@@ -218,10 +235,12 @@ class LockInternals:
             return hold
 
     # -- one acquire -----------------------------------------------------------------------
-    def _acquire_node(self, blocking: bool, deadline: Deadline, thread_id: int) -> Hold | None:
+    def _acquire_node(
+        self, blocking: bool, deadline: Deadline, thread_id: int, data: bytes
+    ) -> Hold | None:
         while True:
             prefix = protected_prefix(str(uuid4()))
-            created = self._create(prefix, deadline)
+            created = self._create(prefix, deadline, data)
             node = f"{self.path}/{created.name}"
             try:
                 granted = self._wait_for_grant(created, blocking, deadline)
@@ -235,7 +254,7 @@ class LockInternals:
                 return None
             return Hold(self, node, created.token, created.session_id, thread_id)
 
-    def _create(self, prefix: str, deadline: Deadline) -> _Created:
+    def _create(self, prefix: str, deadline: Deadline, data: bytes) -> _Created:
         """Create our contender node; return it with a listing taken after it was created."""
         client = self.client
         parent_known = self._state.parent_known(self.path)
@@ -245,6 +264,7 @@ class LockInternals:
                 parent = None if parent_known else create_container_async(client, self.path)
                 created = client.create_async(
                     f"{self.path}/{prefix}{self.marker}",
+                    data,
                     ephemeral=True,
                     sequence=True,
                     include_data=True,

@@ -32,15 +32,23 @@ class Mutex:
         return self._internals.path
 
     @overload
-    def acquire(self, *, blocking: Literal[True] = ..., timeout: float | None = ...) -> Lease: ...
+    def acquire(
+        self, *, blocking: Literal[True] = ..., timeout: float | None = ..., data: bytes = ...
+    ) -> Lease: ...
     @overload
-    def acquire(self, *, blocking: bool, timeout: float | None = ...) -> Lease | None: ...
-    def acquire(self, *, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+    def acquire(
+        self, *, blocking: bool, timeout: float | None = ..., data: bytes = ...
+    ) -> Lease | None: ...
+    def acquire(
+        self, *, blocking: bool = True, timeout: float | None = None, data: bytes = b""
+    ) -> Lease | None:
         """Acquire the lock.
 
         Args:
             blocking: wait for the lock (default). With ``False`` it is a try-lock: one look at
                 the queue, then a :class:`Lease` or ``None`` if someone else holds it.
+            data: bytes stored in our contender node (who we are, for operators and for
+                :meth:`blocker_data`); Curator stores the client's IP there.
             timeout: one total deadline in seconds over every wait, retry and network call of
                 this acquire; ``None`` waits without limit (a try-lock then still bounds its
                 network calls by the session timeout).
@@ -58,8 +66,12 @@ class Mutex:
         node of this acquire is left behind (if ZooKeeper is unreachable at that moment, the
         node is removed on reconnect, or goes with its session).
         """
-        return self._internals.acquire(blocking=blocking, timeout=timeout)
+        return self._internals.acquire(blocking=blocking, timeout=timeout, data=data)
 
     def participant_nodes(self) -> list[str]:
         """Names of the current contender nodes on this path, in grant order."""
         return self._internals.participant_nodes()
+
+    def blocker_data(self, timeout: float = 5.0) -> bytes | None:
+        """Data of the node a new acquire would wait on first (the holder), or None."""
+        return self._internals.blocker_data(timeout)

@@ -22,12 +22,22 @@ class LockSide:
         return self._internals.kind
 
     @overload
-    def acquire(self, *, blocking: Literal[True] = ..., timeout: float | None = ...) -> Lease: ...
+    def acquire(
+        self, *, blocking: Literal[True] = ..., timeout: float | None = ..., data: bytes = ...
+    ) -> Lease: ...
     @overload
-    def acquire(self, *, blocking: bool, timeout: float | None = ...) -> Lease | None: ...
-    def acquire(self, *, blocking: bool = True, timeout: float | None = None) -> Lease | None:
+    def acquire(
+        self, *, blocking: bool, timeout: float | None = ..., data: bytes = ...
+    ) -> Lease | None: ...
+    def acquire(
+        self, *, blocking: bool = True, timeout: float | None = None, data: bytes = b""
+    ) -> Lease | None:
         """Acquire this side; see :meth:`celery_zklock.Mutex.acquire` for the full contract."""
-        return self._internals.acquire(blocking=blocking, timeout=timeout)
+        return self._internals.acquire(blocking=blocking, timeout=timeout, data=data)
+
+    def blocker_data(self, timeout: float = 5.0) -> bytes | None:
+        """Data of the node a new acquire would wait on first (the holder), or None."""
+        return self._internals.blocker_data(timeout)
 
 
 class ReadWriteLock:

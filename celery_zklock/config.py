@@ -1,0 +1,81 @@
+"""Reading celery-zklock's settings the Celery way: ``app.conf.zklock_*``, else ``ZKLOCK_*`` env."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.session import DEFAULT_SESSION_TIMEOUT, ClientConfig
+
+DEFAULT_ROOT = "/zklock"
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+def _setting(conf: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    value = conf.get(name)
+    if value is None:
+        value = os.environ.get(name.upper(), default)
+    return value
+
+
+def _seconds(name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def lock_root(conf: Mapping[str, Any]) -> str:
+    """``zklock_root`` (env ``ZKLOCK_ROOT``): the znode under which task locks live."""
+    root = str(_setting(conf, "zklock_root", DEFAULT_ROOT)).rstrip("/")
+    if not root.startswith("/") or "//" in root:
+        raise ConfigurationError(
+            f"zklock_root must be an absolute znode path like '/zklock', got {root!r}"
+        )
+    return root
+
+
+def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> ClientConfig:
+    """The ZooKeeper connection settings of an app.
+
+    Settings: ``zklock_hosts`` (env ``ZKLOCK_HOSTS``, required), ``zklock_session_timeout``
+    (seconds, default 10), ``zklock_connect_timeout`` (seconds a worker waits for ZooKeeper on
+    first use, default 5), ``zklock_auth`` (list of ``(scheme, credential)``, e.g.
+    ``[("digest", "user:secret")]``), ``zklock_use_ssl``, ``zklock_ssl_certfile``,
+    ``zklock_ssl_keyfile``, ``zklock_ssl_ca``, ``zklock_ssl_verify`` (default True).
+
+    Raises ConfigurationError naming the bad setting.
+    """
+    hosts = _setting(conf, "zklock_hosts", "")
+    auth = conf.get("zklock_auth") or ()
+    try:
+        auth_pairs = tuple((str(scheme), str(cred)) for scheme, cred in auth)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"zklock_auth must be a list of (scheme, credential) pairs, got {auth!r}"
+        ) from None
+    config = ClientConfig(
+        hosts=str(hosts).strip(),
+        session_timeout=_seconds(
+            "zklock_session_timeout",
+            _setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
+        ),
+        connect_timeout=_seconds(
+            "zklock_connect_timeout",
+            _setting(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+        ),
+        handler=handler,
+        auth=auth_pairs,
+        use_ssl=bool(conf.get("zklock_use_ssl", False)),
+        certfile=conf.get("zklock_ssl_certfile"),
+        keyfile=conf.get("zklock_ssl_keyfile"),
+        ca=conf.get("zklock_ssl_ca"),
+        verify_certs=bool(conf.get("zklock_ssl_verify", True)),
+    )
+    config.validate()
+    return config
