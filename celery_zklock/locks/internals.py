@@ -27,6 +27,7 @@ create; the create then fails with NoNode and we make the parents and create aga
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -43,6 +44,7 @@ from kazoo.exceptions import (
     NoNodeError,
     SessionExpiredError,
 )
+from kazoo.handlers.threading import KazooTimeoutError
 
 from celery_zklock.errors import LockTimeout, ZkLockError
 from celery_zklock.locks.contenders import Kind, decide, protected_prefix, queue_of
@@ -54,6 +56,8 @@ T = TypeVar("T")
 
 #: How many lock parents per client are remembered as existing (skips the createContainer).
 KNOWN_PARENTS = 1024
+#: Longest single blocking wait, in seconds (see :func:`_slice`).
+WAIT_SLICE = 0.1
 
 
 class Deadline:
@@ -240,15 +244,17 @@ class LockInternals:
     ) -> Hold | None:
         while True:
             prefix = protected_prefix(str(uuid4()))
-            created = self._create(prefix, deadline, data)
-            node = f"{self.path}/{created.name}"
             try:
+                created = self._create(prefix, deadline, data)
                 granted = self._wait_for_grant(created, blocking, deadline)
             except _SessionGone:
                 continue
             except BaseException:
-                self._discard(node)
+                # Whether or not the create ran (or is still queued), our node is the one child
+                # with this attempt's uuid: remove it before the exception goes on.
+                self._abandon(prefix)
                 raise
+            node = f"{self.path}/{created.name}"
             if not granted:
                 self._discard(node)
                 return None
@@ -258,46 +264,42 @@ class LockInternals:
         """Create our contender node; return it with a listing taken after it was created."""
         client = self.client
         parent_known = self._state.parent_known(self.path)
-        try:
-            while True:
-                epoch = self.watch.epoch
-                parent = None if parent_known else create_container_async(client, self.path)
-                created = client.create_async(
-                    f"{self.path}/{prefix}{self.marker}",
-                    data,
-                    ephemeral=True,
-                    sequence=True,
-                    include_data=True,
-                )
-                listing = client.get_children_async(self.path)
-                try:
-                    path, stat = _wait(created, deadline)
-                    children = _wait(listing, deadline)
-                except NoNodeError:
-                    self._make_parents(deadline)
-                    parent_known = True
+        while True:
+            epoch = self.watch.epoch
+            parent = None if parent_known else create_container_async(client, self.path)
+            created = client.create_async(
+                f"{self.path}/{prefix}{self.marker}",
+                data,
+                ephemeral=True,
+                sequence=True,
+                include_data=True,
+            )
+            listing = client.get_children_async(self.path)
+            try:
+                path, stat = _wait(created, deadline)
+                children = _wait(listing, deadline)
+            except NoNodeError:
+                self._make_parents(deadline)
+                parent_known = True
+                continue
+            except ConnectionLoss:
+                found = self._find_ours(prefix, deadline)
+                if found is None:
                     continue
-                except ConnectionLoss:
-                    found = self._find_ours(prefix, deadline)
-                    if found is None:
-                        continue
-                    return found
-                except SessionExpiredError:
-                    continue
-                finally:
-                    if parent is not None:
-                        self._note_parent_result(parent)
-                session_id = self.watch.session_id()
-                if session_id is None or epoch != self.watch.epoch:
-                    # The session changed around the create: the node may be gone with it.
-                    self.watch.purge_later(self.path, prefix)
-                    continue
-                self._state.remember_parent(self.path, True)
-                return _Created(path.rsplit("/", 1)[1], stat.czxid, session_id, children)
-        except BaseException:
-            # The create may still run (or have run) on the server: remove it by its uuid.
-            self.watch.purge_later(self.path, prefix)
-            raise
+                return found
+            except SessionExpiredError:
+                continue
+            finally:
+                if parent is not None:
+                    self._note_parent_result(parent)
+            session_id = self.watch.session_id()
+            if session_id is None or epoch != self.watch.epoch:
+                # The session changed around the create: the node may be gone with it. Start a
+                # new attempt under a new uuid, so the purge of this one cannot touch it.
+                self.watch.purge_later(self.path, prefix)
+                raise _SessionGone()
+            self._state.remember_parent(self.path, True)
+            return _Created(path.rsplit("/", 1)[1], stat.czxid, session_id, children)
 
     def _note_parent_result(self, parent: Any) -> None:
         if parent.ready() and not parent.successful():
@@ -380,8 +382,9 @@ class LockInternals:
                 return
             if stat is None:
                 return
-            if not event.wait(deadline.remaining()):
-                raise LockTimeout(f"timed out waiting for lock {self.path}")
+            while not event.wait(_slice(deadline)):
+                if deadline.expired():
+                    raise LockTimeout(f"timed out waiting for lock {self.path}")
 
     @contextmanager
     def _watching(
@@ -421,6 +424,23 @@ class LockInternals:
                 if deadline.expired():
                     raise LockTimeout(f"could not delete {node}: ZooKeeper unreachable") from None
 
+    def _abandon(self, prefix: str) -> None:
+        """Remove the node of an abandoned attempt, found by its uuid prefix; never raises
+        an Exception (on failure the removal is deferred to the next reconnect)."""
+        deadline = Deadline(self.watch.lost_after)
+        try:
+            for child in _wait(self.client.get_children_async(self.path), deadline):
+                if child.startswith(prefix):
+                    with suppress(NoNodeError):
+                        _wait(self.client.delete_async(f"{self.path}/{child}"), deadline)
+        except NoNodeError:
+            pass
+        except Exception:
+            self.watch.purge_later(self.path, prefix)
+        except BaseException:
+            self.watch.purge_later(self.path, prefix)
+            raise
+
     def _discard(self, node: str) -> None:
         """Remove our node after a failed or abandoned acquire; defer to reconnect if need be."""
         try:
@@ -435,8 +455,30 @@ class LockInternals:
 
 
 def _wait(result: Any, deadline: Deadline) -> Any:
-    """Wait for a kazoo async result until ``deadline``; LockTimeout when it passes."""
-    try:
-        return result.get(timeout=deadline.remaining())
-    except result._handler.timeout_exception:  # kazoo's handler-specific timeout error
-        raise LockTimeout("timed out waiting for ZooKeeper") from None
+    """Wait for a kazoo async result until ``deadline``; LockTimeout when it passes.
+
+    ``result.get`` raises the handler's own timeout error: kazoo's for threading,
+    ``gevent.Timeout`` (a BaseException) for gevent. Anything else propagates unchanged.
+    """
+    while True:
+        try:
+            return result.get(timeout=_slice(deadline))
+        except _timeout_types():
+            if result.ready():
+                raise
+            if deadline.expired():
+                raise LockTimeout("timed out waiting for ZooKeeper") from None
+
+
+def _slice(deadline: Deadline) -> float:
+    """Wait in short slices: an exception thrown into this thread (PyThreadState_SetAsyncExc,
+    as Celery's threads pool revocation does) is only delivered between blocking calls."""
+    remaining = deadline.remaining()
+    return WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+
+
+def _timeout_types() -> tuple[type[BaseException], ...]:
+    gevent = sys.modules.get("gevent")
+    if gevent is None:
+        return (KazooTimeoutError,)
+    return (KazooTimeoutError, gevent.Timeout)

@@ -1,0 +1,443 @@
+"""Child processes for the local stack: free ports, start/stop, port ownership, cleanup.
+
+Guarantees:
+
+* Every child is started in its own session (terminal Ctrl-C reaches only us, and we stop the
+  child in order) with ``PR_SET_PDEATHSIG=SIGKILL``: the kernel kills the child when its parent
+  dies, also when the parent is killed with SIGKILL and no Python code runs.
+  Caveat: the kernel sends that signal when the *thread* that forked the child exits, not when
+  the process does. Start children from a thread that lives as long as they should (the main
+  thread, as pytest fixtures and the CLI do); a child started from a short-lived worker thread is
+  killed when that thread ends.
+* Live children are kept in a registry. An ``atexit`` hook stops those still alive at interpreter
+  exit, and, when SIGTERM is not handled by anyone else, a SIGTERM handler kills them and removes
+  their temporary directories before the process dies of that SIGTERM as it would have.
+* :meth:`ChildProcess.stop` returns only once the process is gone (reaped): SIGTERM first,
+  SIGKILL after a short grace.
+* :func:`listener_is_owned_by` tells whether the socket that accepts connections on
+  ``127.0.0.1:<port>`` belongs to a given process, by comparing the socket inodes in
+  ``/proc/<pid>/fd`` with the LISTEN entries of ``/proc/net/tcp`` and ``/proc/net/tcp6``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+__all__ = [
+    "ChildProcess",
+    "MissingDependency",
+    "StackError",
+    "free_port",
+    "listener_is_owned_by",
+    "live_children",
+    "make_temp_dir",
+    "port_has_listener",
+    "remove_temp_dir",
+    "stop_all_children",
+    "tail",
+    "wait_until",
+]
+
+_PR_SET_PDEATHSIG = 1
+_TCP_LISTEN = "0A"
+
+
+class StackError(RuntimeError):
+    """A process of the local stack could not be started, or stopped, as asked.
+
+    The message says which process, why, and includes the last lines of its log when there is one.
+    """
+
+
+class MissingDependency(StackError):
+    """A program the local stack needs (java, the ZooKeeper jars, redis-server) is not installed.
+
+    The message names the Debian package that provides it.
+    """
+
+
+# --------------------------------------------------------------------------------------- ports
+
+_issued_ports: deque[int] = deque(maxlen=4096)
+_ports_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    The kernel picks the port; the same port is not handed out twice by this process in a row
+    (the last 4096 are remembered). Another program can still take it before our child binds it,
+    which is why servers check that the listening socket is their child's and retry otherwise.
+    """
+    with _ports_lock:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _issued_ports:
+                _issued_ports.append(port)
+                return port
+    raise StackError("free_port: the kernel kept returning ports already handed out; retry later")
+
+
+# ------------------------------------------------------------------------------ port ownership
+
+_LOOPBACK_V4 = ipaddress.IPv4Address("127.0.0.1")
+_ANY_V4 = ipaddress.IPv4Address("0.0.0.0")
+
+
+def _decode_proc_address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """Decode the address column of /proc/net/tcp{,6}: 32-bit words in host byte order."""
+    raw = bytes.fromhex(hex_address)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return ipaddress.ip_address(raw)
+
+
+def _accepts_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """True if a listener bound to ``address`` would accept a connection to 127.0.0.1."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address == ipaddress.IPv6Address("::"):
+            return True  # dual-stack wildcard (unless IPV6_V6ONLY, which we cannot see here)
+        mapped = address.ipv4_mapped
+        if mapped is None:
+            return False
+        address = mapped
+    return address in (_LOOPBACK_V4, _ANY_V4)
+
+
+def _loopback_listener_inodes(port: int) -> set[int]:
+    """Inodes of the LISTEN sockets that accept connections to 127.0.0.1:``port``."""
+    inodes: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                lines = fh.readlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+                continue
+            hex_address, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port:
+                continue
+            if _accepts_loopback(_decode_proc_address(hex_address)):
+                inodes.add(int(fields[9]))
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process ``pid`` has open (empty if it is gone)."""
+    inodes: set[int] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except (FileNotFoundError, ProcessLookupError):
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:[") : -1]))
+    return inodes
+
+
+def port_has_listener(port: int) -> bool:
+    """True if some process listens for connections to 127.0.0.1:``port`` (per /proc/net/tcp*)."""
+    return bool(_loopback_listener_inodes(port))
+
+
+def listener_is_owned_by(pid: int, port: int) -> bool:
+    """True if ``pid`` owns every listening socket that accepts connections to 127.0.0.1:``port``.
+
+    False when nobody listens there, when someone else does (alone or next to ``pid``, as with
+    SO_REUSEPORT), or when ``pid`` is gone. Reads /proc, so it needs Linux and permission to read
+    ``/proc/<pid>/fd`` (our own children always qualify).
+    """
+    listeners = _loopback_listener_inodes(port)
+    return bool(listeners) and listeners <= _socket_inodes(pid)
+
+
+# ----------------------------------------------------------------------------------- waiting
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    interval: float = 0.02,
+) -> bool:
+    """Call ``predicate`` until it returns True or ``timeout`` seconds pass; return its last value.
+
+    The predicate is called at least once, also with a zero timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(interval, remaining))
+
+
+def tail(path: Path | str, lines: int = 40) -> str:
+    """The last ``lines`` lines of a text file, or ``""`` if it does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------- child processes
+
+
+def _resolve_prctl() -> Callable[..., int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl: Callable[..., int] = libc.prctl
+    return prctl
+
+
+def _die_with_parent(prctl: Callable[..., int], parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: ask for SIGKILL when the forking thread dies; die if it already has."""
+
+    def preexec() -> None:
+        if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        # The parent may have died between fork and prctl: then nobody would kill us.
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class ChildProcess:
+    """One program run as our child, with its output appended to ``log_path``.
+
+    ``start`` spawns it (see the module docstring for what keeps it from outliving us);
+    ``stop`` ends it and returns once it is gone.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.cwd = cwd
+        self.env = dict(env) if env is not None else None
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ChildProcess {self.name} pid={self.pid}>"
+
+    def start(self) -> None:
+        """Spawn the program; raises StackError if it cannot be executed or is already running."""
+        if self.is_running():
+            raise StackError(f"{self.name} is already running (pid {self.pid}); stop it first")
+        _install_cleanup_hooks()
+        preexec = _die_with_parent(_resolve_prctl(), os.getpid())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self._popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.cwd,
+                    env=self.env,
+                    close_fds=True,
+                    start_new_session=True,
+                    # Not thread-safe in general; the function only calls prctl/getppid/kill.
+                    preexec_fn=preexec,
+                )
+            except OSError as exc:
+                raise StackError(f"{self.name}: cannot run {self.argv[0]!r}: {exc}") from exc
+        _register(self)
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid while it runs (not yet reaped), else None."""
+        if self._popen is None or self._popen.returncode is not None:
+            return None
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the child is gone (negative: killed by that signal), else None."""
+        if self._popen is None:
+            return None
+        return self._popen.poll()
+
+    def is_running(self) -> bool:
+        """True while the child has not exited."""
+        return self._popen is not None and self._popen.poll() is None
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the child if it is still running."""
+        if self._popen is not None and self._popen.poll() is None:
+            self._popen.send_signal(sig)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the child to exit; True if it is gone."""
+        if self._popen is None:
+            return True
+        try:
+            self._popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        _unregister(self)
+        return True
+
+    def stop(self, grace: float = 3.0) -> None:
+        """End the child: SIGTERM, then SIGKILL after ``grace`` seconds; returns once it is gone.
+
+        Idempotent. Raises StackError only if the process survives SIGKILL for 10 s (a process
+        stuck in the kernel, in state D).
+        """
+        if self._popen is None:
+            return
+        if self._popen.poll() is None:
+            self._popen.send_signal(signal.SIGTERM)
+            self._popen.send_signal(signal.SIGCONT)  # a stopped child handles SIGTERM only then
+            if not self.wait(grace):
+                self.kill()
+        self._popen.wait()
+        _unregister(self)
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the child and wait until it is gone; raises StackError if it survives."""
+        if self._popen is None:
+            return
+        if self._popen.poll() is None:
+            self._popen.kill()
+        if not self.wait(timeout):
+            raise StackError(
+                f"{self.name} (pid {self._popen.pid}) is still alive {timeout:.0f} s after SIGKILL"
+            )
+
+    def _emergency_kill(self) -> None:
+        """SIGKILL and reap without Popen's locks (safe inside a signal handler)."""
+        popen = self._popen
+        if popen is not None and popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(popen.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(popen.pid, 0)
+
+
+# ----------------------------------------------------------------------------------- registry
+
+_registry: dict[int, ChildProcess] = {}
+_temp_dirs: set[Path] = set()
+_registry_lock = threading.Lock()
+_atexit_installed = False
+_sigterm_installed = False
+
+
+def _register(child: ChildProcess) -> None:
+    with _registry_lock:
+        _registry[id(child)] = child
+
+
+def _unregister(child: ChildProcess) -> None:
+    with _registry_lock:
+        _registry.pop(id(child), None)
+
+
+def live_children() -> list[ChildProcess]:
+    """The children started by this process that have not been stopped or reaped yet."""
+    with _registry_lock:
+        return [child for child in _registry.values() if child.is_running()]
+
+
+def make_temp_dir(prefix: str) -> Path:
+    """Create a private temporary directory that the atexit/SIGTERM cleanup removes if its owner
+    does not (see :func:`remove_temp_dir`)."""
+    _install_cleanup_hooks()
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    with _registry_lock:
+        _temp_dirs.add(path)
+    return path
+
+
+def remove_temp_dir(path: Path) -> None:
+    """Remove a directory made by :func:`make_temp_dir` (idempotent)."""
+    with _registry_lock:
+        _temp_dirs.discard(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def stop_all_children() -> None:
+    """Stop every registered child (SIGTERM, then SIGKILL) and remove the registered temp dirs."""
+    with _registry_lock:
+        children = list(_registry.values())
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.stop(grace=2.0)
+    with _registry_lock:
+        directories = list(_temp_dirs)
+    for directory in directories:
+        remove_temp_dir(directory)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    with _registry_lock:
+        children = list(_registry.values())
+        _registry.clear()
+        directories = list(_temp_dirs)
+        _temp_dirs.clear()
+    for child in children:
+        child._emergency_kill()
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+    # Die of SIGTERM as we would have without this handler.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_cleanup_hooks() -> None:
+    """Register the atexit hook and, if nobody handles SIGTERM, the SIGTERM handler.
+
+    A SIGTERM handler someone else installed (Celery, our CLI, a test runner) is left alone:
+    that program decides how to end, and the atexit hook and PDEATHSIG still apply. Handlers can
+    only be installed from the main thread; from another thread we try again next time.
+    """
+    global _atexit_installed, _sigterm_installed
+    if not _atexit_installed:
+        _atexit_installed = True
+        atexit.register(stop_all_children)
+    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+        _sigterm_installed = True
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)

@@ -1,0 +1,767 @@
+"""Local ZooKeeper for tests, demos and benchmarks: one standalone server or an N-node ensemble.
+
+Each node is a JVM running ``org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg`` as our
+child (see :mod:`celery_zklock.testing.processes` for how it never outlives us), on free
+127.0.0.1 ports, with a private temporary directory (config, data, log) removed on stop.
+
+A node counts as serving only when (1) our child is alive, (2) the four-letter word ``srvr``
+answers with ``Mode: standalone|leader|follower`` (``ruok`` answers before the server serves),
+and (3) the socket listening on its client port (and, in an ensemble, its election port) is the
+child's own: a ``srvr`` answered by another program on that port is never taken for ours. When a
+start fails because a port was taken, it is retried with new ports; other failures raise
+:class:`StackError` with the end of the node's log.
+
+ZooKeeper is found through ``zookeeper_home`` / ``$ZOOKEEPER_HOME`` (an unpacked Apache release:
+``lib/*.jar`` and ``*.jar``) or else Debian's ``/usr/share/java/zookeeper.jar``; java through
+``java`` / ``$JAVA_HOME/bin/java`` / ``PATH``. Missing ones raise :class:`MissingDependency` at
+start, naming the Debian package to install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import NoReturn
+
+from celery_zklock.testing.processes import (
+    ChildProcess,
+    MissingDependency,
+    StackError,
+    free_port,
+    listener_is_owned_by,
+    make_temp_dir,
+    port_has_listener,
+    remove_temp_dir,
+    tail,
+)
+
+__all__ = [
+    "ZooKeeperEnsemble",
+    "ZooKeeperNode",
+    "ZooKeeperOptions",
+    "ZooKeeperServer",
+    "srvr",
+]
+
+DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+# Debian's zookeeper.jar carries only slf4j-api: without a binding ZooKeeper logs nothing.
+DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+BASE_JVM_FLAGS = ("-Xms16m", "-Xmx64m", "-XX:+UseSerialGC", "-XX:-UsePerfData")
+SERVING_MODES = frozenset({"standalone", "leader", "follower"})
+_MODE_RE = re.compile(r"^Mode: (\w+)\s*$", re.MULTILINE)
+_BIND_FAILURE_RE = re.compile(r"Address already in use|BindException|UNABLE_TO_BIND", re.I)
+_LOG_FILE = "zookeeper.log"
+
+_LOGBACK_XML = """<configuration>
+  <appender name="STDERR" class="ch.qos.logback.core.ConsoleAppender">
+    <target>System.err</target>
+    <encoder><pattern>%d{HH:mm:ss.SSS} [%thread] %-5level %logger{36} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="STDERR"/></root>
+</configuration>
+"""
+_LOG4J_PROPERTIES = """log4j.rootLogger=INFO, STDERR
+log4j.appender.STDERR=org.apache.log4j.ConsoleAppender
+log4j.appender.STDERR.Target=System.err
+log4j.appender.STDERR.layout=org.apache.log4j.PatternLayout
+log4j.appender.STDERR.layout.ConversionPattern=%d{HH:mm:ss,SSS} [%t] %-5p %c{1} - %m%n
+"""
+
+
+# ------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class ZooKeeperOptions:
+    """How to run each ZooKeeper node. Raises ValueError naming the bad option.
+
+    ``zookeeper_home`` (else ``$ZOOKEEPER_HOME``, else Debian's jar) and ``java`` (else
+    ``$JAVA_HOME/bin/java``, else ``java`` on PATH) choose the installation.
+    ``port_picker`` returns candidate ports (default :func:`free_port`); tests use it to force
+    a port that is already taken. ``start_attempts`` is how many sets of ports a start tries.
+    """
+
+    container_check_interval_ms: int = 300
+    container_max_per_minute: int = 1_000_000
+    tick_time_ms: int = 200
+    max_session_timeout_ms: int = 60_000
+    force_sync: bool = True
+    extra_jvm_flags: tuple[str, ...] = ()
+    zookeeper_home: str | os.PathLike[str] | None = None
+    java: str | None = None
+    port_picker: Callable[[], int] | None = field(default=None, compare=False)
+    start_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.tick_time_ms <= 0:
+            raise ValueError(f"tick_time_ms must be > 0, got {self.tick_time_ms}")
+        if self.max_session_timeout_ms < 2 * self.tick_time_ms:
+            raise ValueError(
+                f"max_session_timeout_ms ({self.max_session_timeout_ms}) must be at least "
+                f"2 * tick_time_ms ({2 * self.tick_time_ms}), ZooKeeper's minimum session timeout"
+            )
+        if self.container_check_interval_ms <= 0 or self.container_max_per_minute <= 0:
+            raise ValueError(
+                "container_check_interval_ms and container_max_per_minute must be > 0, got "
+                f"{self.container_check_interval_ms} and {self.container_max_per_minute}"
+            )
+        if self.start_attempts < 1:
+            raise ValueError(f"start_attempts must be >= 1, got {self.start_attempts}")
+        if isinstance(self.extra_jvm_flags, str):
+            raise ValueError("extra_jvm_flags must be a sequence of flags, not one string")
+        object.__setattr__(self, "extra_jvm_flags", tuple(self.extra_jvm_flags))
+
+    def pick_port(self) -> int:
+        return (self.port_picker or free_port)()
+
+
+@dataclass(frozen=True)
+class _Runtime:
+    java: str
+    classpath: tuple[str, ...]
+
+
+def _find_java(explicit: str | None) -> str:
+    hint = "install it with `apt-get install -y default-jre-headless` (or set JAVA_HOME)"
+    if explicit is not None:
+        found = shutil.which(explicit)
+        if found is None:
+            raise MissingDependency(f"java {explicit!r} is not an executable: {hint}")
+        return found
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidate = Path(java_home) / "bin" / "java"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise MissingDependency(f"java was not found on PATH: {hint}")
+    return found
+
+
+def _find_classpath(explicit: str | os.PathLike[str] | None) -> tuple[str, ...]:
+    home = explicit if explicit is not None else os.environ.get("ZOOKEEPER_HOME") or None
+    if home is not None:
+        root = Path(home)
+        jars = sorted((root / "lib").glob("*.jar")) + sorted(root.glob("*.jar"))
+        if not any(jar.name.startswith("zookeeper") for jar in jars):
+            source = "zookeeper_home" if explicit is not None else "ZOOKEEPER_HOME"
+            raise MissingDependency(
+                f"{source}={str(root)!r} holds no ZooKeeper jars (looked for "
+                f"{root}/lib/*.jar and {root}/*.jar): point it at an unpacked Apache ZooKeeper "
+                "release, or unset it and `apt-get install -y zookeeper`"
+            )
+        return tuple(str(jar) for jar in jars)
+    if not DEBIAN_ZOOKEEPER_JAR.is_file():
+        raise MissingDependency(
+            f"ZooKeeper was not found ({DEBIAN_ZOOKEEPER_JAR} is missing and ZOOKEEPER_HOME is "
+            "not set): install it with `apt-get install -y zookeeper`"
+        )
+    debian = [DEBIAN_ZOOKEEPER_JAR]  # its manifest Class-Path pulls in its dependencies
+    if DEBIAN_SLF4J_BINDING.is_file():
+        debian.append(DEBIAN_SLF4J_BINDING)
+    return tuple(str(jar) for jar in debian)
+
+
+def _find_runtime(options: ZooKeeperOptions) -> _Runtime:
+    return _Runtime(
+        java=_find_java(options.java), classpath=_find_classpath(options.zookeeper_home)
+    )
+
+
+# --------------------------------------------------------------------------------------- srvr
+
+
+def srvr(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str | None:
+    """Send the four-letter word ``srvr`` and return the answer, or None if nobody answered."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"srvr")
+            chunks: list[bytes] = []
+            while sum(map(len, chunks)) < 65536:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError:
+        return None
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _mode_of(answer: str | None) -> str | None:
+    if answer is None:
+        return None
+    match = _MODE_RE.search(answer)
+    return match.group(1) if match else None
+
+
+# -------------------------------------------------------------------------------------- nodes
+
+
+class _RetryWithNewPorts(StackError):
+    """A start failed because a port was taken: the caller may retry with other ports."""
+
+
+class ZooKeeperNode:
+    """One ZooKeeper process: its ports, its directory and (while it runs) its JVM.
+
+    ``myid`` is the server id in an ensemble (1..N), or 1 for a standalone server.
+    ``port`` is the client port. The directory survives :meth:`stop` and a killed JVM, so that
+    an ensemble can restart the node with the same data; :meth:`destroy` removes it.
+    """
+
+    def __init__(
+        self,
+        myid: int,
+        options: ZooKeeperOptions,
+        *,
+        port: int,
+        quorum_port: int | None = None,
+        election_port: int | None = None,
+    ) -> None:
+        self.myid = myid
+        self.port = port
+        self.quorum_port = quorum_port
+        self.election_port = election_port
+        self._options = options
+        self.directory = make_temp_dir(f"zklock-zk{myid}-")
+        self.data_dir = self.directory / "data"
+        self.data_dir.mkdir()
+        self.log_path = self.directory / _LOG_FILE
+        self._child: ChildProcess | None = None
+        self._destroyed = False
+        self.last_log_tail = ""
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperNode myid={self.myid} port={self.port} pid={self.pid}>"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's pid while it runs, else None."""
+        return self._child.pid if self._child is not None else None
+
+    def is_running(self) -> bool:
+        """True while the JVM has not exited."""
+        return self._child is not None and self._child.is_running()
+
+    def srvr(self, timeout: float = 1.0) -> str | None:
+        """The node's answer to ``srvr``, or None if nothing answers on its client port."""
+        return srvr(self.port, timeout=timeout)
+
+    def mode(self) -> str | None:
+        """``standalone``/``leader``/``follower`` while the node serves, else None.
+
+        Only an answer from our own JVM counts (see :meth:`owns_ports`).
+        """
+        if not self.is_running():
+            return None
+        mode = _mode_of(self.srvr())
+        if mode is None or not self.owns_ports(mode):
+            return None
+        return mode
+
+    def owns_ports(self, mode: str | None = None) -> bool:
+        """True if our JVM listens on the client port (and election port; leader: quorum port)."""
+        pid = self.pid
+        if pid is None:
+            return False
+        ports = [self.port]
+        if self.election_port is not None:
+            ports.append(self.election_port)
+        if mode == "leader" and self.quorum_port is not None:
+            ports.append(self.quorum_port)
+        return all(listener_is_owned_by(pid, port) for port in ports)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the node's log (kept after the directory is removed)."""
+        if self._destroyed:
+            return self.last_log_tail
+        return tail(self.log_path, lines)
+
+    def write_config(self, peers: Sequence[ZooKeeperNode] = ()) -> Path:
+        """Write ``zoo.cfg`` (and ``myid`` when ``peers`` is given); return the config path."""
+        opts = self._options
+        lines = [
+            f"tickTime={opts.tick_time_ms}",
+            f"dataDir={self.data_dir}",
+            f"clientPort={self.port}",
+            "clientPortAddress=127.0.0.1",
+            "4lw.commands.whitelist=*",
+            "admin.enableServer=false",
+            f"maxSessionTimeout={opts.max_session_timeout_ms}",
+            # Tests open hundreds of clients from 127.0.0.1; the default limit is 60 per address.
+            "maxClientCnxns=0",
+        ]
+        if not opts.force_sync:
+            lines.append("forceSync=no")
+        if peers:
+            lines += ["initLimit=10", "syncLimit=5"]
+            lines += [
+                f"server.{peer.myid}=127.0.0.1:{peer.quorum_port}:{peer.election_port}"
+                for peer in peers
+            ]
+            (self.data_dir / "myid").write_text(f"{self.myid}\n", encoding="ascii")
+        config = self.directory / "zoo.cfg"
+        config.write_text("\n".join(lines) + "\n", encoding="ascii")
+        (self.directory / "logback.xml").write_text(_LOGBACK_XML, encoding="ascii")
+        (self.directory / "log4j.properties").write_text(_LOG4J_PROPERTIES, encoding="ascii")
+        return config
+
+    def launch(self, runtime: _Runtime) -> None:
+        """Start the JVM on the written config; does not wait for it to serve."""
+        opts = self._options
+        argv = [
+            runtime.java,
+            *BASE_JVM_FLAGS,
+            f"-Dznode.container.checkIntervalMs={opts.container_check_interval_ms}",
+            f"-Dznode.container.maxPerMinute={opts.container_max_per_minute}",
+            # Logs go to stderr, which is appended to zookeeper.log in the node's directory,
+            # whichever logging backend the installation has.
+            f"-Dlogback.configurationFile={self.directory / 'logback.xml'}",
+            f"-Dlog4j.configuration=file:{self.directory / 'log4j.properties'}",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+            f"-Dzookeeper.log.dir={self.directory}",
+            "-Dzookeeper.jmx.log4j.disable=true",
+            *opts.extra_jvm_flags,
+            "-cp",
+            os.pathsep.join(runtime.classpath),
+            MAIN_CLASS,
+            str(self.directory / "zoo.cfg"),
+        ]
+        self._child = ChildProcess(
+            f"ZooKeeper node {self.myid} (port {self.port})",
+            argv,
+            log_path=self.log_path,
+            cwd=self.directory,
+        )
+        self._child.start()
+
+    def wait_serving(self, deadline: float, modes: Iterable[str] = SERVING_MODES) -> str:
+        """Wait until the node serves in one of ``modes``; return the mode.
+
+        Raises _RetryWithNewPorts when a port turned out to be taken by another program, and
+        StackError when the JVM exits for another reason or ``deadline`` (monotonic) passes.
+        """
+        wanted = frozenset(modes)
+        while True:
+            if not self.is_running():
+                self._raise_exited()
+            mode = _mode_of(self.srvr(timeout=0.5))
+            if mode is not None:
+                if not self.owns_ports(mode):
+                    if self.is_running():
+                        raise _RetryWithNewPorts(
+                            f"ZooKeeper node {self.myid}: port {self.port} answers `srvr` but "
+                            "its listening socket belongs to another process"
+                        )
+                    self._raise_exited()
+                if mode in wanted:
+                    return mode
+            if time.monotonic() >= deadline:
+                raise StackError(
+                    f"ZooKeeper node {self.myid} (pid {self.pid}, port {self.port}) was not "
+                    f"serving before the deadline (last mode: {mode})."
+                    f"\n--- last lines of {self.log_path} ---\n{self.log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _raise_exited(self) -> NoReturn:
+        code = self._child.returncode if self._child is not None else None
+        log = self.log_tail()
+        message = (
+            f"ZooKeeper node {self.myid} (port {self.port}) exited with status {code} "
+            f"while starting.\n--- last lines of {self.log_path} ---\n{log}"
+        )
+        ports = [p for p in (self.port, self.quorum_port, self.election_port) if p is not None]
+        if _BIND_FAILURE_RE.search(log) or any(port_has_listener(p) for p in ports):
+            raise _RetryWithNewPorts(message)
+        raise StackError(message)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the JVM if it runs."""
+        if self._child is not None:
+            self._child.send_signal(sig)
+
+    def wait_gone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the JVM to exit; True once it is gone."""
+        return self._child is None or self._child.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop the JVM (SIGTERM, then SIGKILL after a short grace); keeps the directory."""
+        if self._child is not None:
+            self._child.stop(grace=3.0)
+
+    def destroy(self) -> None:
+        """Stop the JVM and remove the node's directory, keeping its log tail. Idempotent."""
+        self.stop()
+        if not self._destroyed:
+            self.last_log_tail = tail(self.log_path)
+            self._destroyed = True
+            remove_temp_dir(self.directory)
+
+
+def _start_with_retries(
+    options: ZooKeeperOptions,
+    timeout: float,
+    what: str,
+    attempt: Callable[[float], list[ZooKeeperNode]],
+) -> list[ZooKeeperNode]:
+    """Run ``attempt(deadline)`` up to ``options.start_attempts`` times while ports clash."""
+    deadline = time.monotonic() + timeout
+    failures: list[str] = []
+    for _ in range(options.start_attempts):
+        try:
+            return attempt(deadline)
+        except _RetryWithNewPorts as exc:
+            failures.append(str(exc))
+            if time.monotonic() >= deadline:
+                break
+    raise StackError(
+        f"{what} could not start: its ports were taken by other processes in "
+        f"{len(failures)} attempt(s), each with new free ports.\n" + "\n".join(failures)
+    )
+
+
+# ---------------------------------------------------------------------------------- standalone
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper server on 127.0.0.1, a child of this process.
+
+    ``start`` returns once it serves (see the module docstring); ``stop`` returns once the JVM
+    is gone and its directory removed. Usable as a context manager. Options: see
+    :class:`ZooKeeperOptions`.
+    """
+
+    def __init__(
+        self,
+        *,
+        container_check_interval_ms: int = 300,
+        container_max_per_minute: int = 1_000_000,
+        tick_time_ms: int = 200,
+        max_session_timeout_ms: int = 60_000,
+        force_sync: bool = True,
+        extra_jvm_flags: Sequence[str] = (),
+        zookeeper_home: str | os.PathLike[str] | None = None,
+        java: str | None = None,
+        port_picker: Callable[[], int] | None = None,
+        start_attempts: int = 3,
+    ) -> None:
+        self.options = ZooKeeperOptions(
+            container_check_interval_ms=container_check_interval_ms,
+            container_max_per_minute=container_max_per_minute,
+            tick_time_ms=tick_time_ms,
+            max_session_timeout_ms=max_session_timeout_ms,
+            force_sync=force_sync,
+            extra_jvm_flags=tuple(extra_jvm_flags),
+            zookeeper_home=zookeeper_home,
+            java=java,
+            port_picker=port_picker,
+            start_attempts=start_attempts,
+        )
+        self._node: ZooKeeperNode | None = None
+
+    def __repr__(self) -> str:
+        state = f"port={self._node.port} pid={self.pid}" if self._node else "stopped"
+        return f"<ZooKeeperServer {state}>"
+
+    def start(self, timeout: float = 30.0) -> ZooKeeperServer:
+        """Start the server and wait until it serves; return self.
+
+        Raises MissingDependency (java or ZooKeeper not installed), StackError (did not serve
+        within ``timeout`` seconds, exited, or every attempt found its port taken; the message
+        ends with the server's log), or StackError if it is already running.
+        """
+        if self._node is not None:
+            raise StackError(f"{self!r} is already started; call stop() first")
+        runtime = _find_runtime(self.options)
+
+        def attempt(deadline: float) -> list[ZooKeeperNode]:
+            node = ZooKeeperNode(1, self.options, port=self.options.pick_port())
+            try:
+                node.write_config()
+                node.launch(runtime)
+                node.wait_serving(deadline, modes={"standalone"})
+            except BaseException:
+                node.destroy()
+                raise
+            return [node]
+
+        (self._node,) = _start_with_retries(self.options, timeout, "ZooKeeper server", attempt)
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory; returns once the JVM is gone. Idempotent."""
+        node, self._node = self._node, None
+        if node is not None:
+            node.destroy()
+
+    def _started(self) -> ZooKeeperNode:
+        if self._node is None:
+            raise StackError("the ZooKeeper server is not started: call start() first")
+        return self._node
+
+    @property
+    def node(self) -> ZooKeeperNode:
+        """The server's node (raises StackError before start)."""
+        return self._started()
+
+    @property
+    def port(self) -> int:
+        """The client port (raises StackError before start)."""
+        return self._started().port
+
+    @property
+    def hosts(self) -> str:
+        """The connection string, ``127.0.0.1:PORT`` (raises StackError before start)."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's pid, or None if it is not running."""
+        return self._node.pid if self._node is not None else None
+
+    def is_running(self) -> bool:
+        """True while the JVM runs."""
+        return self._node is not None and self._node.is_running()
+
+    def __enter__(self) -> ZooKeeperServer:
+        return self if self._node is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+# ----------------------------------------------------------------------------------- ensemble
+
+
+def _modes(nodes: Sequence[ZooKeeperNode]) -> dict[int, str | None]:
+    return {node.myid: node.mode() for node in nodes}
+
+
+def _log_tails(nodes: Sequence[ZooKeeperNode]) -> str:
+    return "\n".join(
+        f"--- node {node.myid} (running: {node.is_running()}) ---\n{node.log_tail(15)}"
+        for node in nodes
+    )
+
+
+def _wait_ensemble_serving(nodes: Sequence[ZooKeeperNode], deadline: float) -> None:
+    """Wait until every running node of ``nodes`` reports a mode and one of them leads."""
+    started = time.monotonic()
+    while True:
+        modes = {node.myid: node.mode() for node in nodes if node.is_running()}
+        if modes and None not in modes.values() and "leader" in modes.values():
+            return
+        if time.monotonic() >= deadline:
+            raise StackError(
+                f"the ZooKeeper ensemble was not serving within {deadline - started:.1f} s; "
+                f"modes: {_modes(nodes)}\n{_log_tails(nodes)}"
+            )
+        time.sleep(0.02)
+
+
+class ZooKeeperEnsemble:
+    """An N-node ZooKeeper ensemble on 127.0.0.1 (``size >= 2``), every node a child of ours.
+
+    ``start`` returns once every node serves and a leader exists. Nodes can be killed and
+    restarted (same ports, same data) to test failover. ``stop`` returns once every JVM is gone
+    and every directory removed. Usable as a context manager. Options: see
+    :class:`ZooKeeperOptions`.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        container_check_interval_ms: int = 300,
+        container_max_per_minute: int = 1_000_000,
+        tick_time_ms: int = 200,
+        max_session_timeout_ms: int = 60_000,
+        force_sync: bool = True,
+        extra_jvm_flags: Sequence[str] = (),
+        zookeeper_home: str | os.PathLike[str] | None = None,
+        java: str | None = None,
+        port_picker: Callable[[], int] | None = None,
+        start_attempts: int = 3,
+    ) -> None:
+        if size < 2:
+            raise ValueError(f"an ensemble needs size >= 2, got {size}; use ZooKeeperServer")
+        self.size = size
+        self.options = ZooKeeperOptions(
+            container_check_interval_ms=container_check_interval_ms,
+            container_max_per_minute=container_max_per_minute,
+            tick_time_ms=tick_time_ms,
+            max_session_timeout_ms=max_session_timeout_ms,
+            force_sync=force_sync,
+            extra_jvm_flags=tuple(extra_jvm_flags),
+            zookeeper_home=zookeeper_home,
+            java=java,
+            port_picker=port_picker,
+            start_attempts=start_attempts,
+        )
+        self._nodes: list[ZooKeeperNode] = []
+        self._runtime: _Runtime | None = None
+
+    def __repr__(self) -> str:
+        if not self._nodes:
+            return f"<ZooKeeperEnsemble size={self.size} stopped>"
+        return f"<ZooKeeperEnsemble {self.hosts} pids={[n.pid for n in self._nodes]}>"
+
+    def start(self, timeout: float = 30.0) -> ZooKeeperEnsemble:
+        """Start every node and wait until all serve and a leader exists; return self.
+
+        Raises MissingDependency, or StackError (as :meth:`ZooKeeperServer.start`).
+        """
+        if self._nodes:
+            raise StackError(f"{self!r} is already started; call stop() first")
+        runtime = _find_runtime(self.options)
+
+        def attempt(deadline: float) -> list[ZooKeeperNode]:
+            pick = self.options.pick_port
+            nodes: list[ZooKeeperNode] = []
+            try:
+                for myid in range(1, self.size + 1):
+                    nodes.append(
+                        ZooKeeperNode(
+                            myid,
+                            self.options,
+                            port=pick(),
+                            quorum_port=pick(),
+                            election_port=pick(),
+                        )
+                    )
+                for node in nodes:
+                    node.write_config(nodes)
+                for node in nodes:
+                    node.launch(runtime)
+                for node in nodes:
+                    node.wait_serving(deadline, {"leader", "follower"})
+                _wait_ensemble_serving(nodes, deadline)
+            except BaseException:
+                for node in nodes:
+                    node.signal(signal.SIGTERM)
+                for node in nodes:
+                    node.destroy()
+                raise
+            return nodes
+
+        self._nodes = _start_with_retries(
+            self.options, timeout, f"ZooKeeper ensemble of {self.size}", attempt
+        )
+        self._runtime = runtime
+        return self
+
+    def stop(self) -> None:
+        """Stop every node and remove their directories; returns once all JVMs are gone."""
+        nodes, self._nodes = self._nodes, []
+        for node in nodes:
+            node.signal(signal.SIGTERM)  # all at once: the stops overlap instead of adding up
+        for node in nodes:
+            node.destroy()
+
+    @property
+    def nodes(self) -> list[ZooKeeperNode]:
+        """The nodes, ordered by myid (1..N); empty before start."""
+        return list(self._nodes)
+
+    def node(self, myid: int) -> ZooKeeperNode:
+        """The node with that myid; raises StackError if there is none."""
+        for node in self._nodes:
+            if node.myid == myid:
+                return node
+        raise StackError(
+            f"no ZooKeeper node with myid {myid} (started: {[n.myid for n in self._nodes]})"
+        )
+
+    @property
+    def hosts(self) -> str:
+        """``127.0.0.1:p1,127.0.0.1:p2,...`` (raises StackError before start)."""
+        if not self._nodes:
+            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+        return ",".join(f"127.0.0.1:{node.port}" for node in self._nodes)
+
+    def leader(self, timeout: float = 10.0) -> int:
+        """The myid of the current leader: polls ``srvr`` until a running node says ``leader``.
+
+        Raises StackError if no node does within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            for node in self._nodes:
+                if node.mode() == "leader":
+                    return node.myid
+            if time.monotonic() >= deadline:
+                raise StackError(
+                    f"no leader within {timeout:.1f} s; modes: {_modes(self._nodes)}\n"
+                    + _log_tails(self._nodes)
+                )
+            time.sleep(0.02)
+
+    def wait_serving(self, timeout: float) -> None:
+        """Wait until every running node reports a mode and a leader exists.
+
+        Raises StackError with every node's mode and log tail after ``timeout`` seconds.
+        """
+        _wait_ensemble_serving(self._nodes, time.monotonic() + timeout)
+
+    def kill(self, myid: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send ``sig`` to node ``myid`` and wait until its process is gone.
+
+        The node's directory is kept for :meth:`restart`. Raises StackError if the node is not
+        running or still alive after ``timeout`` seconds (e.g. ``sig`` was not fatal).
+        """
+        node = self.node(myid)
+        if not node.is_running():
+            raise StackError(f"ZooKeeper node {myid} is not running")
+        node.signal(sig)
+        if not node.wait_gone(timeout):
+            raise StackError(
+                f"ZooKeeper node {myid} (pid {node.pid}) is still running {timeout:.1f} s after "
+                f"signal {signal.Signals(sig).name}; use SIGKILL"
+            )
+
+    def restart(self, myid: int, timeout: float = 30.0) -> None:
+        """Start node ``myid`` again (same ports, same data) and wait until it serves.
+
+        Raises StackError if it is running, exits, or does not serve within ``timeout`` seconds
+        (for example because another program took one of its ports meanwhile).
+        """
+        node = self.node(myid)
+        if node.is_running():
+            raise StackError(f"ZooKeeper node {myid} is running; kill() it before restart()")
+        if self._runtime is None:
+            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+        node.launch(self._runtime)
+        try:
+            node.wait_serving(time.monotonic() + timeout, {"leader", "follower"})
+        except StackError as exc:
+            node.stop()
+            raise StackError(f"restart of ZooKeeper node {myid} failed: {exc}") from exc
+
+    def __enter__(self) -> ZooKeeperEnsemble:
+        return self if self._nodes else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

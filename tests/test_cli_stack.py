@@ -1,0 +1,200 @@
+"""`celery-zklock stack up` as a real subprocess: it prints the environment, serves, and stops."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from celery_zklock import cli
+from celery_zklock.cli import build_parser, main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXPORT_RE = re.compile(r"^export (ZKLOCK_HOSTS|ZKLOCK_BROKER_URL)=(\S+)$")
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (read from /proc/*/stat)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+class StackUp:
+    """``celery-zklock stack up`` running as a child, with its stdout read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery_zklock.cli", "stack", "up", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def exports(self, count: int, timeout: float = 60.0) -> dict[str, str]:
+        """Wait for ``count`` export lines; fail with stderr if the command ends first."""
+        deadline = time.monotonic() + timeout
+        found: dict[str, str] = {}
+        while len(found) < count:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {count} export lines within {timeout} s") from None
+            if line is None:
+                self.proc.wait(5)
+                assert self.proc.stderr is not None
+                raise AssertionError(
+                    f"stack up ended ({self.proc.returncode}): {self.proc.stderr.read()}"
+                )
+            match = EXPORT_RE.match(line)
+            assert match, f"unexpected stdout line {line!r}"
+            found[match.group(1)] = match.group(2)
+        return found
+
+    def stop(self, sig: int, timeout: float = 30.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def stack_up() -> Iterator[type[StackUp]]:
+    started: list[StackUp] = []
+
+    class Tracked(StackUp):
+        def __init__(self, *args: str) -> None:
+            super().__init__(*args)
+            started.append(self)
+
+    yield Tracked
+    for stack in started:
+        stack.close()
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(process_gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        time.sleep(0.02)
+
+
+def test_stack_up_prints_working_exports_and_stops_on_sigterm(
+    stack_up: type[StackUp],
+) -> None:
+    stack = stack_up()
+    exports = stack.exports(2)
+    hosts, broker = exports["ZKLOCK_HOSTS"], exports["ZKLOCK_BROKER_URL"]
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", hosts)
+    assert re.fullmatch(r"redis://127\.0\.0\.1:\d+/0", broker)
+
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=10)
+    try:
+        client.create("/cli-stack", b"up")
+        assert client.get("/cli-stack")[0] == b"up"
+    finally:
+        client.stop()
+        client.close()
+    assert redis.Redis.from_url(broker).ping()
+
+    children = children_of(stack.proc.pid)
+    assert len(children) == 2  # one ZooKeeper, one Redis
+    assert stack.stop(signal.SIGTERM) == 0
+    wait_gone(children)
+
+
+def test_stack_up_ensemble_without_redis_stops_on_sigint(stack_up: type[StackUp]) -> None:
+    stack = stack_up("--zk-nodes", "3", "--no-redis")
+    exports = stack.exports(1)
+    assert set(exports) == {"ZKLOCK_HOSTS"}
+    hosts = exports["ZKLOCK_HOSTS"].split(",")
+    assert len(hosts) == 3
+
+    client = KazooClient(hosts=",".join(hosts))
+    client.start(timeout=10)
+    try:
+        client.create("/cli-ensemble", b"up")
+    finally:
+        client.stop()
+        client.close()
+    children = children_of(stack.proc.pid)
+    assert len(children) == 3
+    assert stack.stop(signal.SIGINT) == 0
+    wait_gone(children)
+    assert stack.lines.get(timeout=5) is None  # nothing else was printed to stdout
+
+
+def test_stack_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["stack"], ["stack", "up", "--zk-nodes", "0"], ["nonsense"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+    assert "--zk-nodes" in capsys.readouterr().err
+
+
+def test_subcommands_from_other_modules_are_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("zklock_fake_subcommand")
+    calls: list[argparse.Namespace] = []
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--times", type=int, default=1)
+
+    def run(args: argparse.Namespace) -> int:
+        calls.append(args)
+        return 7
+
+    module.COMMAND = cli.Subcommand("fake", "a fake subcommand", configure, run)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", (module.__name__,))
+    help_text = build_parser().format_help()
+    assert "stack" in help_text and "fake" in help_text
+    assert main(["fake", "--times", "3"]) == 7
+    assert calls[0].times == 3

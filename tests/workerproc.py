@@ -1,0 +1,82 @@
+"""Start and stop real `celery worker` subprocesses for the task tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from celery import Celery
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4}
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], name: str, queue: str, log: Path) -> None:
+        self.proc = proc
+        self.name = name
+        self.queue = queue
+        self.log = log
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        # a killed prefork parent can leave children in its group: reap the whole group
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_worker(
+    app: Celery, pool: str, name: str, env: dict[str, str], log_dir: Path, queue: str = "celery"
+) -> Worker:
+    log = log_dir / f"worker-{name}.log"
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "tests.taskapp", "worker",
+        "-P", pool, "-c", str(CONCURRENCY[pool]), "-n", f"{name}@%h", "-Q", queue,
+        "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info",
+    ]  # fmt: skip
+    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    worker = Worker(proc, name, queue, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        replies = app.control.ping(timeout=0.5)
+        if any(f"{name}@" in host for reply in replies for host in reply):
+            return worker
+    worker.stop()
+    raise RuntimeError(f"worker {name} did not answer a ping in 30 s: {log.read_text()[-2000:]}")
+
+
+@contextmanager
+def workers(
+    app: Celery, pool: str, count: int, env: dict[str, str], log_dir: Path, prefix: str = "w"
+) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    try:
+        for i in range(count):
+            started.append(
+                start_worker(app, pool, f"{prefix}{i}-{pool}", env, log_dir, queue=f"q{i}")
+            )
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
