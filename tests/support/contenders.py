@@ -9,7 +9,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, Mutex, ReadWriteLock
-from celery_zklock.testing.witness import Witness
+from celery_zklock.testing.witness import Mode, Witness
 
 
 def contend(
@@ -44,7 +44,7 @@ def contend(
                 rw = ReadWriteLock(client, path)
                 side = rw.read if mode == "read" else rw.write
             lease = side.acquire(timeout=60)
-            kind = "read" if mode == "read" else "write"
+            kind: Mode = "read" if mode == "read" else "write"
             name = f"{holder}-{i}-t{lease.token}"
             try:
                 with witness.section(name, kind):
