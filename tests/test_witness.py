@@ -209,8 +209,8 @@ def _append_sections(witness: Witness, worker: int, lock: LockType | None) -> No
 @pytest.mark.parametrize(
     "ctx",
     [
-        pytest.param(multiprocessing.get_context("fork"), id="fork"),
-        # spawn pickles the Witness: only its path travels.
+        # Only spawn: forking a pytest process that already runs other tests' kazoo threads
+        # can deadlock the child. spawn pickles the Witness: only its path travels.
         pytest.param(multiprocessing.get_context("spawn"), id="spawn"),
     ],
 )
@@ -238,7 +238,7 @@ def test_concurrent_writers_give_a_well_formed_file(
 
 def test_real_lock_across_processes_leaves_no_overlap(tmp_path: Path) -> None:
     path = tmp_path / "witness.log"
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")
     lock = ctx.Lock()
     witness = Witness(path)
     procs = [ctx.Process(target=_append_sections, args=(witness, n, lock)) for n in range(3)]
@@ -261,7 +261,7 @@ def _hold_until(witness: Witness, holder: str, entered: EventType, leave: EventT
 def test_overlap_between_processes_is_caught(tmp_path: Path) -> None:
     """Two processes forced to be inside together: the checker must say so."""
     path = tmp_path / "witness.log"
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")
     witness = Witness(path)
     a_in, b_in, leave = ctx.Event(), ctx.Event(), ctx.Event()
     a = ctx.Process(target=_hold_until, args=(witness, "a", a_in, leave))
