@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from celery import Celery
@@ -33,10 +33,8 @@ class Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
         # a killed prefork parent can leave children in its group: reap the whole group
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def start_worker(

@@ -1,4 +1,4 @@
-"""Contender processes for multi-process lock tests (importable, so `spawn` children can run them)."""
+"""Contender processes for multi-process lock tests (importable by `spawn` children)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,139 @@
+"""The fleet's locked tasks: a critical section, exclusive or shared, recorded into Redis.
+
+Both tasks share one lock name (:data:`LOCK_NAME`) and take ``lock_key=["key"]``, so for one key
+the exclusive task takes the write side and the shared task the read side of the same
+ZooKeeper read-write lock: exclusive sections exclude everything, shared ones only exclusive ones.
+
+A section (:func:`run_section`) records ``enter`` with the lease's fencing token, writes through
+the run's :class:`~workers.record.FencedResource`, records the write's outcome, holds the lock
+for ``hold_ms`` and records ``exit`` (also when the body is interrupted, e.g. by ``LockLost``).
+Records go to the Redis at the app setting ``fleet_record_url`` (``ZKLOCK_RECORD_URL``).
+
+The busy policy is the task's default (``wait`` up to 30 s, then fail with ``LockTimeout``) or
+per call: ``apply_async(args, zklock={"on_busy": "skip"})``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Final
+
+import redis
+from celery import Celery
+
+from celery_zklock import ZkLockTask
+from workers.record import FencedResource, Mode, SectionEvent, SectionRecorder
+
+__all__ = [
+    "EXCLUSIVE_TASK",
+    "LOCK_NAME",
+    "RECORD_URL_SETTING",
+    "SHARED_TASK",
+    "TASK_FOR_MODE",
+    "fence_namespace",
+    "register_tasks",
+    "run_section",
+]
+
+LOCK_NAME: Final = "workers.section"
+EXCLUSIVE_TASK: Final = "workers.exclusive_section"
+SHARED_TASK: Final = "workers.shared_section"
+TASK_FOR_MODE: Final[dict[Mode, str]] = {"exclusive": EXCLUSIVE_TASK, "shared": SHARED_TASK}
+RECORD_URL_SETTING: Final = "fleet_record_url"
+DEFAULT_WAIT_SECONDS: Final = 30.0
+
+
+def fence_namespace(run_id: str) -> str:
+    """The :class:`FencedResource` namespace of run ``run_id``."""
+    return f"run:{run_id}"
+
+
+def run_section(
+    task: ZkLockTask, run_id: str, key: str, hold_ms: int, mode: Mode
+) -> dict[str, Any]:
+    """The body of both tasks; must run inside a locked run (``task.lock`` is the lease)."""
+    if hold_ms < 0:
+        raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
+    lease = task.lock
+    client = _record_client(str(task.app.conf[RECORD_URL_SETTING]))
+    recorder = SectionRecorder(client, run_id)
+    fence = FencedResource(client, fence_namespace(run_id))
+    request = task.request
+    enter = SectionEvent(
+        kind="enter",
+        task_id=str(request.id),
+        key=key,
+        mode=mode,
+        token=lease.token,
+        hostname=str(request.hostname or socket.gethostname()),
+        pid=os.getpid(),
+        node=lease.node,
+        time=time.time(),
+    )
+    recorder.record(enter)
+    try:
+        value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
+        outcome = fence.write_outcome(key, lease.token, value)
+        recorder.record(
+            replace(
+                enter,
+                kind="write",
+                time=time.time(),
+                accepted=outcome.accepted,
+                previous_token=outcome.previous_token,
+            )
+        )
+        time.sleep(hold_ms / 1000.0)
+    finally:
+        recorder.record(replace(enter, kind="exit", time=time.time()))
+    return {
+        "token": lease.token,
+        "accepted": outcome.accepted,
+        "hostname": enter.hostname,
+        "pid": enter.pid,
+    }
+
+
+def exclusive_section(self: ZkLockTask, run_id: str, key: str, hold_ms: int) -> dict[str, Any]:
+    """Hold the exclusive (write) side of ``key``'s lock for ``hold_ms``; see the module doc."""
+    return run_section(self, run_id, key, hold_ms, "exclusive")
+
+
+def shared_section(self: ZkLockTask, run_id: str, key: str, hold_ms: int) -> dict[str, Any]:
+    """Hold the shared (read) side of ``key``'s lock for ``hold_ms``; see the module doc."""
+    return run_section(self, run_id, key, hold_ms, "shared")
+
+
+def register_tasks(app: Celery) -> None:
+    """Register both tasks on ``app`` (under their fixed names, on this app only)."""
+    common: dict[str, Any] = {
+        "bind": True,
+        "base": ZkLockTask,
+        "shared": False,
+        "lock_name": LOCK_NAME,
+        "lock_key": ["key"],
+        "lock_on_busy": "wait",
+        "lock_timeout": DEFAULT_WAIT_SECONDS,
+        "lock_on_timeout": "raise",
+    }
+    app.task(name=EXCLUSIVE_TASK, lock_mode="exclusive", **common)(exclusive_section)
+    app.task(name=SHARED_TASK, lock_mode="shared", **common)(shared_section)
+
+
+# One Redis client per (process, URL): a client must not be shared across a fork.
+_clients: dict[tuple[int, str], redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def _record_client(url: str) -> redis.Redis:
+    key = (os.getpid(), url)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = redis.Redis.from_url(url)
+        return client
