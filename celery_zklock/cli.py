@@ -216,4 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, not this __main__ copy: subcommand modules build their
+    # Subcommand from celery_zklock.cli, which must be the same class the registry checks.
+    from celery_zklock.cli import main as _main
+
+    sys.exit(_main())
