@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState
 
 from celery_zklock.errors import ConfigurationError
@@ -175,10 +175,8 @@ class SessionWatch:
                     if child.startswith(prefix):
                         self.client.delete_async(f"{parent}/{child}").get(timeout=self.lost_after)
                         logger.info("removed orphaned contender %s/%s", parent, child)
-            except KazooException as exc:
-                if exc.__class__.__name__ != "NoNodeError":
-                    logger.debug("purge of %s/%s* deferred: %r", parent, prefix, exc)
-                    continue
+            except NoNodeError:
+                pass  # the parent (and so our node) is gone already
             except Exception as exc:  # a timeout: try again on the next reconnect
                 logger.debug("purge of %s/%s* deferred: %r", parent, prefix, exc)
                 continue

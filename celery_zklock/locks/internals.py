@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
 from kazoo.client import KazooClient
@@ -51,8 +51,6 @@ from celery_zklock.locks.contenders import Kind, decide, protected_prefix, queue
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.requests import create_container_async, remove_data_watches_async
 from celery_zklock.session import SessionWatch, watch_for
-
-T = TypeVar("T")
 
 #: How many lock parents per client are remembered as existing (skips the createContainer).
 KNOWN_PARENTS = 1024
