@@ -89,6 +89,14 @@ def is_skipped(result: Any) -> bool:
     return isinstance(result, Mapping) and result.get(SKIP_MARKER) is True
 
 
+def _request_overrides(request: Any) -> Mapping[str, Any] | None:
+    """The per-call ``zklock`` overrides a request carries, if any."""
+    overrides = getattr(request, CALL_OPTION, None)
+    if overrides is None:
+        overrides = (getattr(request, "headers", None) or {}).get(CALL_OPTION)
+    return overrides if isinstance(overrides, Mapping) else None
+
+
 def _gevent_patched() -> bool:
     if "gevent" not in sys.modules:
         return False
@@ -178,12 +186,25 @@ class ZkLockTask(Task):  # type: ignore[misc]
         headers[CALL_OPTION] = dict(overrides)
         options["headers"] = headers
 
+    def signature_from_request(
+        self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any
+    ) -> Any:
+        """Celery's ``signature_from_request`` (used by ``self.retry()``), keeping ``zklock``.
+
+        In a worker the message's custom headers become request attributes, not
+        ``request.headers``, so without this a retry would drop the caller's overrides.
+        """
+        signature = super().signature_from_request(request, args, kwargs, **options)
+        overrides = _request_overrides(self.request if request is None else request)
+        if overrides is not None:
+            headers = dict(signature.options.get("headers") or {})
+            headers[CALL_OPTION] = dict(overrides)
+            signature.options["headers"] = headers
+        return signature
+
     def _call_options(self) -> LockOptions:
         base, _ = self._zklock_setup()
-        request = self.request
-        overrides = getattr(request, CALL_OPTION, None)
-        if overrides is None:
-            overrides = (getattr(request, "headers", None) or {}).get(CALL_OPTION)
+        overrides = _request_overrides(self.request)
         if overrides is None:
             return base
         return with_call_overrides(base, self.name, overrides)
@@ -229,7 +250,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
         task_id = self.request.id
 
         def on_lost(reason: str) -> None:
-            self._event("lost", path, token=lease.token, reason=reason)
+            # Runs on the session's thread or greenlet, where self.request is not this run's.
+            self._event("lost", path, task_id=task_id, token=lease.token, reason=reason)
             signals.lock_lost.send(
                 sender=self, task_id=task_id, path=path, token=lease.token, reason=reason
             )
@@ -369,7 +391,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return parsed if isinstance(parsed, dict) else {}
 
     def _event(self, event: str, path: str, **fields: Any) -> None:
-        fields = {"task_id": self.request.id, "task": self.name, "path": path, **fields}
+        fields = {"task_id": self.request.id, **fields, "task": self.name, "path": path}
         text = " ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()
         )

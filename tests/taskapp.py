@@ -1,7 +1,10 @@
 """The Celery app that `celery worker` subprocesses run in the task tests.
 
-Configured from the environment the test sets: TASKAPP_BROKER (Redis URL), ZKLOCK_HOSTS,
-ZKLOCK_SESSION_TIMEOUT, TASKAPP_DIR (a directory for witness files and session records).
+Configured from the environment the test sets: TASKAPP_BROKER (broker URL), TASKAPP_BACKEND
+(result backend, default the broker URL), ZKLOCK_HOSTS, ZKLOCK_SESSION_TIMEOUT, TASKAPP_DIR (a
+directory for witness files and records), TASKAPP_VISIBILITY_TIMEOUT (seconds: a short Redis
+visibility timeout, for redelivery tests), TASKAPP_BEAT_EVERY (seconds: schedule
+:func:`singleton` that often, for ``celery beat``).
 """
 
 from __future__ import annotations
@@ -14,21 +17,39 @@ from typing import Any
 
 from celery import Celery
 
-from celery_zklock import ZkLockTask
+from celery_zklock import ZkLockTask, signals
 from celery_zklock.testing.witness import Witness
 
+BROKER = os.environ.get("TASKAPP_BROKER", "redis://127.0.0.1:1/0")
 app = Celery("taskapp")
 app.conf.update(
-    broker_url=os.environ.get("TASKAPP_BROKER", "redis://127.0.0.1:1/0"),
-    result_backend=os.environ.get("TASKAPP_BROKER", "redis://127.0.0.1:1/0"),
+    broker_url=BROKER,
+    result_backend=os.environ.get("TASKAPP_BACKEND", BROKER),
     task_serializer="json",
     result_serializer="json",
     accept_content=["json"],
     worker_prefetch_multiplier=1,
+    result_extended=True,  # results name their task: tests find a beat job's runs by name
     zklock_root="/taskapp",
     broker_connection_retry_on_startup=True,
 )
 DIR = Path(os.environ.get("TASKAPP_DIR", "/tmp"))
+if "TASKAPP_VISIBILITY_TIMEOUT" in os.environ:
+    # Restore unacknowledged messages after this long, checked every second.
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+if "TASKAPP_BEAT_EVERY" in os.environ:
+    app.conf.beat_schedule = {
+        "singleton": {
+            "task": "tests.taskapp.singleton",
+            "schedule": float(os.environ["TASKAPP_BEAT_EVERY"]),
+            "args": (1.0,),
+            "options": {"queue": os.environ.get("TASKAPP_BEAT_QUEUE", "celery")},
+        }
+    }
 
 
 def _section(task: Any, key: str, mode: str, hold_s: float) -> dict[str, Any]:
@@ -57,6 +78,13 @@ def shared_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     return _section(self, key, "shared", hold_s)
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Readers poll for ``path``: it must appear complete, never half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.rename(path)
+
+
 @app.task(bind=True, base=ZkLockTask, lock_name="long", lock_key=["key"], lock_on_busy="wait")
 def long_hold(self: Any, key: str, seconds: float) -> str:
     """Records its session (id, password, pid) and then runs until interrupted."""
@@ -64,8 +92,73 @@ def long_hold(self: Any, key: str, seconds: float) -> str:
     session_id, password = client.client_id
     record = {"session_id": session_id, "password": password.hex(), "pid": os.getpid(),
               "token": self.lock.token}  # fmt: skip
-    (DIR / f"session-{self.request.id}").write_text(json.dumps(record))
+    _write_atomically(DIR / f"session-{self.request.id}", json.dumps(record))
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.02)
     return "finished"
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line (a single O_APPEND write, so concurrent writers don't interleave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines :func:`_append` wrote, in order (none if the file does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@app.task(bind=True, base=ZkLockTask, lock_name="retry", lock_key=["key"], lock_on_busy="skip")
+def retry_once(self: Any, key: str) -> dict[str, Any]:
+    """Retries itself once while holding its lock; records each attempt's effective options."""
+    _append(
+        DIR / f"attempts-{key}",
+        {"retries": self.request.retries, "token": self.lock.token,
+         "on_busy": self._call_options().on_busy},
+    )  # fmt: skip
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return {"token": self.lock.token, "retries": self.request.retries}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="late", lock_key=["key"], lock_on_busy="skip",
+    acks_late=True,
+)  # fmt: skip
+def acked_late(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """Records each start of its body, then holds the lock for ``seconds``."""
+    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "pid": os.getpid()})
+    time.sleep(seconds)
+    return {"token": self.lock.token}
+
+
+@app.task(bind=True, base=ZkLockTask, lock_name="singleton", lock_key=[], lock_on_busy="skip")
+def singleton(self: Any, hold_s: float) -> dict[str, Any]:
+    """The periodic job: one run at a time, whatever the schedule."""
+    witness = Witness(DIR / "witness-singleton")
+    with witness.section(f"{self.request.id}-t{self.lock.token}", "write"):
+        time.sleep(hold_s)
+    return {"token": self.lock.token}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="needs_zk", lock_key=["key"], lock_retry_countdown=0.2,
+    max_retries=2,
+)  # fmt: skip
+def needs_zk(self: Any, key: str) -> str:
+    return "ran"
+
+
+def _record_lost(task_id: Any = None, path: str = "", token: int = 0, **_: Any) -> None:
+    _append(DIR / "lost-events", {"task_id": task_id, "path": path, "token": token,
+                                  "time": time.time()})  # fmt: skip
+
+
+signals.lock_lost.connect(_record_lost, weak=False)

@@ -1,0 +1,194 @@
+"""The lock state after a task's life goes off the happy path, in real `celery worker`s.
+
+Retry from the body, redelivery of a running task's message, soft and hard time limits,
+``kill -9`` of the process holding a lock, ZooKeeper unreachable when a worker starts, and
+RabbitMQ as the broker. "Right" means: released at once where the process survives, freed
+through session expiry (and not before) where it dies, nothing left behind, and the task
+accounted for with a clear reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from kazoo.client import KazooClient
+
+from celery_zklock import is_skipped
+from celery_zklock.testing import free_port
+from celery_zklock.testing.witness import check_witness
+from tests.conftest import SESSION_TIMEOUT
+from tests.lockutil import wait_for
+from tests.taskapp import read_records
+from tests.workerproc import contenders, held_session, start_worker, workers
+
+TaskEnv = tuple[Celery, dict[str, str], Path]
+
+
+def test_retry_from_the_body_waits_for_its_own_lock_and_keeps_call_options(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import retry_once
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        result = retry_once.apply_async(("rt",), queue=worker.queue, zklock={"on_busy": "raise"})
+        value = result.get(timeout=30)
+    attempts = read_records(tmp / "attempts-rt")
+    assert [a["retries"] for a in attempts] == [0, 1]
+    # the per-call override travelled with the retry, yet the retry did not fail LockBusy on
+    # its own earlier attempt's lock: it waited for it
+    assert [a["on_busy"] for a in attempts] == ["raise", "raise"]
+    assert attempts[1]["token"] > attempts[0]["token"]
+    assert value == {"token": attempts[1]["token"], "retries": 1}
+    wait_for(lambda: not contenders(zk_client, "retry"), 5, "the retry's lock node to go")
+
+
+def test_redelivered_message_of_a_running_task_is_ignored_not_run_twice(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    # acks_late + a 1 s visibility timeout: Redis hands the unacknowledged message out again
+    # while the first delivery is still running.
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    with workers(app, "threads", 1, env, tmp) as (worker,):
+        result = acked_late.apply_async(("rd", 4.0), queue=worker.queue)
+        value = result.get(timeout=30)
+        log = worker.log_text()
+    assert "event=duplicate-ignored" in log and result.id in log
+    starts = read_records(tmp / "starts-rd")
+    assert [s["task_id"] for s in starts] == [result.id]  # the body ran once
+    assert result.state == "SUCCESS" and not is_skipped(value) and value["token"] > 0
+    wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
+
+
+def test_soft_time_limit_releases_the_lock_at_once(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import long_hold
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        result = long_hold.apply_async(("sl", 30.0), queue=worker.queue, soft_time_limit=1)
+        with pytest.raises(Exception, match="SoftTimeLimitExceeded"):
+            result.get(timeout=30)
+        # released by the task itself: gone well before the session could have expired
+        wait_for(lambda: not contenders(zk_client, "long"), SESSION_TIMEOUT / 2, "release")
+        again = long_hold.apply_async(("sl", 0.1), queue=worker.queue)
+        assert again.get(timeout=30) == "finished"
+
+
+def test_hard_time_limit_frees_the_lock_through_the_session(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import long_hold
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        result = long_hold.apply_async(("hl", 30.0), queue=worker.queue, time_limit=2)
+        victim = held_session(tmp, result.id)
+        with pytest.raises(Exception, match="TimeLimitExceeded"):
+            result.get(timeout=30)
+        # the child was killed: its node lives until the server expires the session
+        wait_for(lambda: not contenders(zk_client, "long"), SESSION_TIMEOUT * 3, "expiry")
+        again = long_hold.apply_async(("hl", 0.1), queue=worker.queue)
+        assert again.get(timeout=30) == "finished"
+        assert held_session(tmp, again.id)["token"] > victim["token"]
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_kill_9_of_the_holder_frees_the_lock_only_through_the_session(
+    pool: str, taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import long_hold
+
+    with workers(app, pool, 2, env, tmp) as (first, second):
+        result = long_hold.apply_async(("kl", 60.0), queue=first.queue)
+        victim = held_session(tmp, result.id)
+        os.kill(victim["pid"], signal.SIGKILL)  # a prefork child, or the solo worker itself
+        # until the server expires the dead session the lock stays held: a skip-mode
+        # contender is told so, naming the dead holder
+        probe = long_hold.apply_async(("kl", 0.1), queue=second.queue, zklock={"on_busy": "skip"})
+        skipped = probe.get(timeout=30)
+        assert is_skipped(skipped) and skipped["holder"] == result.id
+        wait_for(lambda: not contenders(zk_client, "long"), SESSION_TIMEOUT * 3, "expiry")
+        successor = long_hold.apply_async(("kl", 0.1), queue=second.queue)
+        assert successor.get(timeout=30) == "finished"
+        assert held_session(tmp, successor.id)["token"] > victim["token"]
+    wait_for(lambda: not contenders(zk_client, "long"), 5, "nothing left behind")
+
+
+def test_unreachable_zookeeper_at_start_retries_then_fails_with_the_reason(
+    taskenv: TaskEnv,
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import needs_zk
+
+    dead = f"127.0.0.1:{free_port()}"
+    env = {**env, "ZKLOCK_HOSTS": dead, "ZKLOCK_CONNECT_TIMEOUT": "0.5"}
+    with workers(app, "threads", 1, env, tmp) as (worker,):
+        result = needs_zk.apply_async(("uz",), queue=worker.queue)
+        with pytest.raises(Exception) as failure:
+            result.get(timeout=60)
+        log = worker.log_text()
+    assert type(failure.value).__name__ == "ZooKeeperUnavailable"
+    assert f"could not connect to ZooKeeper at {dead!r}" in str(failure.value)
+    assert result.state == "FAILURE"
+    assert log.count("Retry in") == 2  # max_retries=2, then the failure: nothing lost
+
+
+def _rabbitmq_url() -> str | None:
+    url = os.environ.get("ZKLOCK_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+    try:
+        from kombu import Connection
+
+        with Connection(url, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception:
+        return None
+    return url
+
+
+def test_rabbitmq_broker_skip_mode(taskenv: TaskEnv, redis_url: str) -> None:
+    url = _rabbitmq_url()
+    if url is None:
+        pytest.skip("no RabbitMQ reachable (set ZKLOCK_TEST_AMQP_URL)")
+    _, env, tmp = taskenv
+    env = {**env, "TASKAPP_BROKER": url, "TASKAPP_BACKEND": redis_url}
+    sender = Celery("taskapp-amqp", broker=url, backend=redis_url, set_as_current=False)
+    suffix = f"{socket.gethostname()}-{os.getpid()}-{tmp.name}"
+    queues = [f"zklock-test-{i}-{suffix}" for i in range(2)]
+    try:
+        started = [
+            start_worker(sender, pool, f"amqp{i}-{pool}", env, tmp, queue=queues[i])
+            for i, pool in enumerate(["prefork", "threads"])
+        ]
+        try:
+            results = [
+                sender.send_task(
+                    "tests.taskapp.exclusive_section",
+                    (f"mq{i % 2}", 0.05),
+                    queue=queues[i % 2],
+                )
+                for i in range(20)
+            ]
+            values = [r.get(timeout=60) for r in results]
+        finally:
+            for worker in started:
+                worker.stop()
+    finally:
+        with sender.connection_for_write() as conn:
+            for queue in queues:
+                conn.default_channel.queue_delete(queue)
+    assert all(r.state == "SUCCESS" for r in results)
+    assert 2 <= sum(not is_skipped(v) for v in values) <= 20
+    for key in range(2):
+        report = check_witness(tmp / f"witness-mq{key}")
+        assert report.overlaps == [] and report.unfinished == []
