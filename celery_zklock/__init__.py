@@ -8,6 +8,7 @@ from celery_zklock.errors import (
     ZkLockError,
     ZooKeeperUnavailable,
 )
+from celery_zklock.fence import RedisFence
 from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import Lease, Mutex, ReadWriteLock
 from celery_zklock.task import ZkLockTask, is_skipped
@@ -21,6 +22,7 @@ __all__ = [
     "LockTimeout",
     "Mutex",
     "ReadWriteLock",
+    "RedisFence",
     "ZkLockError",
     "ZkLockTask",
     "ZooKeeperUnavailable",

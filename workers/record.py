@@ -1,21 +1,22 @@
-"""What the fleet's critical sections leave behind in Redis, the fence they write through, and the
-checker that reads the history back.
+"""What the fleet's critical sections and fault injections leave behind in Redis.
 
-**Records.** A locked task appends ``enter`` right after its lock is granted, ``write`` after its
-fenced write, and ``exit`` right before its lock is released, each one JSON
-:class:`SectionEvent` pushed (``RPUSH``) to the list ``zklock:run:<run_id>:events``. Redis runs
-commands one at a time, so the list is a total order of those events, whatever host or clock
-they came from. If two sections really never overlapped, the first one's ``exit`` precedes the
-second one's ``enter`` in the list; so an ``enter`` of an exclusive holder while anyone is inside,
-or of a shared holder while an exclusive one is inside, proves two holders held the lock at once
-(:func:`check_sections`). A clean history proves nothing about runs not recorded.
+**Section records.** A locked task appends ``enter`` right after its lock is granted, ``write``
+after its fenced write, and ``exit`` right before its lock is released (with how the section
+ended: ``outcome``), each one JSON :class:`SectionEvent` pushed (``RPUSH``) to the list
+``zklock:run:<run_id>:events``. A fault injector that kills a worker process appends a
+``killed`` event to the same list (:meth:`SectionRecorder.record_kill`). Redis runs commands one
+at a time, so the list is a total order of those events, whatever host or clock they came from:
+if two sections really never overlapped, the first one's ``exit`` precedes the second one's
+``enter`` in the list. :mod:`workers.checker` replays it. A clean history proves nothing about
+runs not recorded.
 
-**The fence.** :class:`FencedResource` is a keyed value in Redis that only the current lock
-holder may overwrite: each write carries the holder's fencing token (the lease's ``czxid``,
-which grows with every acquisition), and a Lua compare-and-set refuses a token lower than the
-last accepted one for that key and counts the refusal. A holder that lost its lock (paused past
-its session timeout, cut off) and writes after a newer holder wrote is refused, however late its
-write arrives. Equal tokens are accepted (one holder writing twice).
+**Fault records.** :class:`FaultLog` keeps what a fault injector did during a run
+(:class:`FaultRecord`), in the list ``zklock:run:<run_id>:faults``.
+
+**The fence** the sections write through is :class:`celery_zklock.fence.RedisFence`;
+:class:`FencedResource` and :func:`check_sections` are the older API, kept for
+:mod:`workers.demo` until it moves to :class:`~celery_zklock.fence.RedisFence` and
+:func:`workers.checker.check_run`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, get_args
 
+from celery_zklock.fence import FenceOutcome, FenceStats, RedisFence
+
 __all__ = [
+    "FAULT_KINDS",
+    "FaultLog",
+    "FaultRecord",
     "FenceOutcome",
     "FenceStats",
     "FencedResource",
@@ -37,135 +43,46 @@ __all__ = [
     "SectionReport",
     "check_sections",
     "events_key",
+    "faults_key",
 ]
 
 Mode = Literal["exclusive", "shared"]
-EventKind = Literal["enter", "write", "exit"]
+EventKind = Literal["enter", "write", "exit", "killed"]
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
+FAULT_KINDS: Final = ("kill", "pause", "expire", "leader", "partition", "redis_restart")
 
 # The Redis client is untyped (redis-py has no stubs here): ``Any`` keeps that honest.
 RedisClient = Any
-
-
-# ------------------------------------------------------------------------------------- fence
-
-# KEYS: tokens hash, values hash, counters hash. ARGV: key, token (decimal digits), value.
-# Tokens are 64-bit czxids; Lua numbers are doubles (exact only below 2**53), so the tokens are
-# compared as decimal strings without leading zeros: shorter is lower, equal length compares
-# bytewise.
-_FENCE_LUA: Final = """
-local last = redis.call('HGET', KEYS[1], ARGV[1])
-if last then
-  if #ARGV[2] < #last or (#ARGV[2] == #last and ARGV[2] < last) then
-    redis.call('HINCRBY', KEYS[3], 'refused', 1)
-    return {0, last}
-  end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('HINCRBY', KEYS[3], 'accepted', 1)
-return {1, last or ''}
-"""
-
-
-@dataclass(frozen=True)
-class FenceOutcome:
-    """One fenced write: ``accepted``, and the last accepted token before it (None: first)."""
-
-    accepted: bool
-    previous_token: int | None
-
-
-@dataclass(frozen=True)
-class FenceStats:
-    """Counts of a fence's writes since it was created (or cleared)."""
-
-    accepted: int
-    refused: int
-
-
-class FencedResource:
-    """Keyed values in Redis that accept a write only with a token >= the key's last token.
-
-    ``namespace`` separates resources; all of one namespace's Redis keys share the hash tag
-    ``{namespace}``, so the script works on Redis Cluster. Tokens are non-negative integers
-    (ZooKeeper czxids: :attr:`celery_zklock.Lease.token`). Thread-safe and fork-safe as far as
-    the redis-py client passed in is.
-    """
-
-    def __init__(self, redis: RedisClient, namespace: str) -> None:
-        if not namespace or any(c in namespace for c in "{}"):
-            raise ValueError(f"namespace must be non-empty without braces, got {namespace!r}")
-        self.namespace = namespace
-        self._redis = redis
-        prefix = f"zklock:fence:{{{namespace}}}"
-        self._tokens_key = f"{prefix}:tokens"
-        self._values_key = f"{prefix}:values"
-        self._counters_key = f"{prefix}:counters"
-        self._script = redis.register_script(_FENCE_LUA)
-
-    def write(self, key: str, token: int, value: str) -> bool:
-        """Store ``value`` under ``key`` unless ``token`` is lower than the last accepted one.
-
-        Returns True if the write was accepted; a refusal is counted (:meth:`stats`).
-        """
-        return self.write_outcome(key, token, value).accepted
-
-    def write_outcome(self, key: str, token: int, value: str) -> FenceOutcome:
-        """Like :meth:`write`, and also return the last accepted token seen by the script."""
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ValueError(f"a fencing token is an integer >= 0, got {token!r}")
-        accepted, previous = self._script(
-            keys=[self._tokens_key, self._values_key, self._counters_key],
-            args=[key, str(token), value],
-        )
-        previous_text = _text(previous)
-        return FenceOutcome(
-            accepted=int(accepted) == 1,
-            previous_token=int(previous_text) if previous_text else None,
-        )
-
-    def last_token(self, key: str) -> int | None:
-        """The last accepted token for ``key``, or None if nothing was written."""
-        raw = self._redis.hget(self._tokens_key, key)
-        return int(_text(raw)) if raw is not None else None
-
-    def value(self, key: str) -> str | None:
-        """The value of the last accepted write for ``key``, or None."""
-        raw = self._redis.hget(self._values_key, key)
-        return _text(raw) if raw is not None else None
-
-    def stats(self) -> FenceStats:
-        """How many writes were accepted and refused."""
-        counters = {_text(k): int(v) for k, v in self._redis.hgetall(self._counters_key).items()}
-        return FenceStats(counters.get("accepted", 0), counters.get("refused", 0))
-
-    def clear(self) -> None:
-        """Forget every key, value and count of this namespace."""
-        self._redis.delete(self._tokens_key, self._values_key, self._counters_key)
-
-
-def _text(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 # ----------------------------------------------------------------------------------- records
 
 
 def events_key(run_id: str) -> str:
-    """The Redis list holding run ``run_id``'s events."""
+    """The Redis list holding run ``run_id``'s section events."""
     return f"zklock:run:{run_id}:events"
+
+
+def faults_key(run_id: str) -> str:
+    """The Redis list holding run ``run_id``'s fault records."""
+    return f"zklock:run:{run_id}:faults"
 
 
 @dataclass(frozen=True)
 class SectionEvent:
-    """One record of a critical section.
+    """One record of a critical section, or of a process killed while it may have held some.
 
     ``token`` (the fencing token) is unique per lock acquisition, so ``(task_id, token)``
-    identifies a section even when a message is delivered twice. ``time`` is the worker's wall
-    clock (``time.time()``), used only for durations measured on one host; the order of events
+    identifies a section even when a message is delivered twice. ``time`` is the wall clock
+    (``time.time()``) of whoever recorded the event, used only for durations; the order of events
     is the list's. ``accepted`` and ``previous_token`` are set on ``write`` events only.
+    ``outcome`` is set on ``exit`` events: ``"ok"``, ``"lost"`` (the body stopped with
+    ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
+
+    A ``killed`` event means the process ``pid`` on ``hostname`` died: it closes every section
+    that process had entered and not exited. Only ``hostname``, ``pid`` and ``time`` mean
+    anything in it (``task_id`` and ``key`` are empty, ``mode`` is a placeholder, ``token`` 0).
     """
 
     kind: EventKind
@@ -179,6 +96,7 @@ class SectionEvent:
     time: float = 0.0
     accepted: bool | None = None
     previous_token: int | None = None
+    outcome: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -192,11 +110,15 @@ class SectionEvent:
         return f"{self.task_id}#{self.token}"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """Compact JSON; ``outcome`` is left out when None, so older readers still parse it."""
+        data = asdict(self)
+        if data["outcome"] is None:
+            del data["outcome"]
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> SectionEvent:
-        """Parse :meth:`to_json`'s output; raises ValueError on anything else."""
+        """Parse :meth:`to_json`'s output (or an older record); raises ValueError otherwise."""
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"a section event is a JSON object, got {text!r}")
@@ -218,6 +140,27 @@ class SectionRecorder:
         """Append ``event`` (one ``RPUSH``: atomic, ordered after every earlier append)."""
         self._redis.rpush(self.key, event.to_json())
 
+    def record_kill(self, hostname: str, pid: int, time: float) -> None:
+        """Append a ``killed`` event: process ``pid`` of ``hostname`` is dead as of now.
+
+        Call it after the kill took effect and before anything else is recorded about it.
+        ``hostname`` and ``pid`` must be what that process put in its section events: the
+        worker's node name (``task.request.hostname``) and the pid of the process that ran the
+        task bodies (in a prefork worker, the pool child's, not the parent's).
+        """
+        self.record(
+            SectionEvent(
+                kind="killed",
+                task_id="",
+                key="",
+                mode="exclusive",
+                token=0,
+                hostname=hostname,
+                pid=pid,
+                time=time,
+            )
+        )
+
     def events(self) -> list[SectionEvent]:
         """Every event of the run, in the order Redis received them."""
         return [SectionEvent.from_json(raw) for raw in self._redis.lrange(self.key, 0, -1)]
@@ -227,7 +170,99 @@ class SectionRecorder:
         self._redis.delete(self.key)
 
 
-# ----------------------------------------------------------------------------------- checker
+# ------------------------------------------------------------------------------------ faults
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One fault a fault injector tried to cause during a run.
+
+    ``kind`` is one of :data:`FAULT_KINDS`; ``time`` the injector's wall clock when it acted;
+    ``target`` what it acted on (a worker, a ZooKeeper node, Redis); ``ran`` whether the fault
+    really happened (False: it could not be injected, ``detail`` says why); ``detail`` free text.
+    """
+
+    kind: str
+    time: float
+    target: str
+    ran: bool
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> FaultRecord:
+        """Parse :meth:`to_json`'s output; raises ValueError on anything else."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a fault record is a JSON object, got {text!r}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"not a fault record: {text!r} ({exc})") from None
+
+
+class FaultLog:
+    """A run's :class:`FaultRecord` list in Redis, in the order they were recorded."""
+
+    def __init__(self, redis: RedisClient, run_id: str) -> None:
+        self.run_id = run_id
+        self.key = faults_key(run_id)
+        self._redis = redis
+
+    def record(self, fault: FaultRecord) -> None:
+        """Append ``fault`` (one ``RPUSH``)."""
+        self._redis.rpush(self.key, fault.to_json())
+
+    def records(self) -> list[FaultRecord]:
+        """Every fault recorded for the run, oldest first."""
+        return [FaultRecord.from_json(raw) for raw in self._redis.lrange(self.key, 0, -1)]
+
+    def clear(self) -> None:
+        """Delete the run's fault records."""
+        self._redis.delete(self.key)
+
+
+# ------------------------------------------------------------------------- older fence API
+
+
+class FencedResource:
+    """The older name of :class:`celery_zklock.fence.RedisFence`, with a boolean :meth:`write`.
+
+    Same Redis keys as a :class:`~celery_zklock.fence.RedisFence` of the same namespace.
+    """
+
+    def __init__(self, redis: RedisClient, namespace: str) -> None:
+        self.fence = RedisFence(redis, namespace)
+        self.namespace = namespace
+
+    def write(self, key: str, token: int, value: str) -> bool:
+        """True if the fence accepted the write (see :meth:`RedisFence.write`)."""
+        return self.fence.write(key, token, value).accepted
+
+    def write_outcome(self, key: str, token: int, value: str) -> FenceOutcome:
+        """:meth:`RedisFence.write`."""
+        return self.fence.write(key, token, value)
+
+    def last_token(self, key: str) -> int | None:
+        return self.fence.last_token(key)
+
+    def value(self, key: str) -> str | None:
+        return self.fence.value(key)
+
+    def stats(self) -> FenceStats:
+        return self.fence.stats()
+
+    def clear(self) -> None:
+        self.fence.clear()
+
+
+# ---------------------------------------------------------------------------- older checker
 
 
 @dataclass(frozen=True)
@@ -284,7 +319,9 @@ def check_sections(events: Iterable[SectionEvent]) -> SectionReport:
     Per key, an ``exclusive`` section may not enter while any section is inside; a ``shared``
     one may not enter while an ``exclusive`` one is inside. Shared sections may overlap each
     other, so their refused writes (a concurrent reader with a higher token wrote first) are
-    expected and counted apart from exclusive ones.
+    expected and counted apart from exclusive ones. A ``killed`` event closes the sections of
+    its process. Every overlap counts, also one with a holder whose lock was lost:
+    :func:`workers.checker.check_run` tells those apart.
     """
     inside: dict[str, dict[str, SectionEvent]] = {}
     keys: dict[str, KeyStats] = {}
@@ -296,6 +333,12 @@ def check_sections(events: Iterable[SectionEvent]) -> SectionReport:
     refused: dict[Mode, int] = {mode: 0 for mode in MODES}
     stale: list[SectionEvent] = []
     for position, event in enumerate(events):
+        if event.kind == "killed":
+            for open_here in inside.values():
+                for holder, opened in list(open_here.items()):
+                    if (opened.hostname, opened.pid) == (event.hostname, event.pid):
+                        del open_here[holder]
+            continue
         holders = inside.setdefault(event.key, {})
         stats = keys.setdefault(event.key, KeyStats())
         if event.kind == "enter":

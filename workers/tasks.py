@@ -4,9 +4,15 @@ Both tasks share one lock name (:data:`LOCK_NAME`) and take ``lock_key=["key"]``
 the exclusive task takes the write side and the shared task the read side of the same
 ZooKeeper read-write lock: exclusive sections exclude everything, shared ones only exclusive ones.
 
-A section (:func:`run_section`) records ``enter`` with the lease's fencing token, writes through
-the run's :class:`~workers.record.FencedResource`, records the write's outcome, holds the lock
-for ``hold_ms`` and records ``exit`` (also when the body is interrupted, e.g. by ``LockLost``).
+A section (:func:`run_section`) records ``enter`` with the lease's fencing token, holds the lock
+for ``hold_ms`` in slices of at most :data:`HOLD_SLICE_SECONDS`, checking the lease between them
+(``task.lock.check()``), then writes through the run's :class:`~celery_zklock.fence.RedisFence`,
+records the write's outcome, and records ``exit`` with how the section ended: ``"ok"``,
+``"lost"`` (:class:`~celery_zklock.LockLost`) or ``"error:<ExceptionType>"``. ``exit`` is also
+recorded when the body is interrupted. The write comes last on purpose: a holder paused during
+its hold past its session timeout, then resumed, writes after its successor took the lock, and
+that write is the one the fence must refuse.
+
 Records go to the Redis at the app setting ``fleet_record_url`` (``ZKLOCK_RECORD_URL``).
 
 The busy policy is the task's default (``wait`` up to 30 s, then fail with ``LockTimeout``) or
@@ -26,11 +32,13 @@ from typing import Any, Final
 import redis
 from celery import Celery
 
-from celery_zklock import ZkLockTask
-from workers.record import FencedResource, Mode, SectionEvent, SectionRecorder
+from celery_zklock import LockLost, ZkLockTask
+from celery_zklock.fence import FenceOutcome, RedisFence
+from workers.record import Mode, SectionEvent, SectionRecorder
 
 __all__ = [
     "EXCLUSIVE_TASK",
+    "HOLD_SLICE_SECONDS",
     "LOCK_NAME",
     "RECORD_URL_SETTING",
     "SHARED_TASK",
@@ -46,23 +54,28 @@ SHARED_TASK: Final = "workers.shared_section"
 TASK_FOR_MODE: Final[dict[Mode, str]] = {"exclusive": EXCLUSIVE_TASK, "shared": SHARED_TASK}
 RECORD_URL_SETTING: Final = "fleet_record_url"
 DEFAULT_WAIT_SECONDS: Final = 30.0
+HOLD_SLICE_SECONDS: Final = 0.02
 
 
 def fence_namespace(run_id: str) -> str:
-    """The :class:`FencedResource` namespace of run ``run_id``."""
+    """The :class:`~celery_zklock.fence.RedisFence` namespace of run ``run_id``."""
     return f"run:{run_id}"
 
 
 def run_section(
     task: ZkLockTask, run_id: str, key: str, hold_ms: int, mode: Mode
 ) -> dict[str, Any]:
-    """The body of both tasks; must run inside a locked run (``task.lock`` is the lease)."""
+    """The body of both tasks; must run inside a locked run (``task.lock`` is the lease).
+
+    Raises what the section raised (``LockLost`` when the lease was lost during the hold) after
+    recording ``exit``; returns the token, whether the fenced write was accepted, and where it ran.
+    """
     if hold_ms < 0:
         raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
     lease = task.lock
     client = _record_client(str(task.app.conf[RECORD_URL_SETTING]))
     recorder = SectionRecorder(client, run_id)
-    fence = FencedResource(client, fence_namespace(run_id))
+    fence = RedisFence(client, fence_namespace(run_id))
     request = task.request
     enter = SectionEvent(
         kind="enter",
@@ -76,24 +89,50 @@ def run_section(
         time=time.time(),
     )
     recorder.record(enter)
+    outcome = "ok"
     try:
+        _hold(task, hold_ms / 1000.0)
         value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
-        outcome = fence.write_outcome(key, lease.token, value)
+        written = fence.write(key, lease.token, value)
         recorder.record(
             replace(
                 enter,
                 kind="write",
                 time=time.time(),
-                accepted=outcome.accepted,
-                previous_token=outcome.previous_token,
+                accepted=written.accepted,
+                previous_token=written.previous_token,
             )
         )
-        time.sleep(hold_ms / 1000.0)
+    except LockLost:
+        outcome = "lost"
+        raise
+    except BaseException as exc:
+        outcome = f"error:{type(exc).__name__}"
+        raise
     finally:
-        recorder.record(replace(enter, kind="exit", time=time.time()))
+        recorder.record(replace(enter, kind="exit", time=time.time(), outcome=outcome))
+    return _result(enter, written)
+
+
+def _hold(task: ZkLockTask, seconds: float) -> None:
+    """Sleep ``seconds`` in short slices, raising ``LockLost`` as soon as the lease is lost.
+
+    The slices also keep every sleep short, so an interruption aimed at the body (a signal, or an
+    asynchronous exception in the threads pool) is not held up by one long C-level sleep.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        task.lock.check()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        time.sleep(min(remaining, HOLD_SLICE_SECONDS))
+
+
+def _result(enter: SectionEvent, written: FenceOutcome) -> dict[str, Any]:
     return {
-        "token": lease.token,
-        "accepted": outcome.accepted,
+        "token": enter.token,
+        "accepted": written.accepted,
         "hostname": enter.hostname,
         "pid": enter.pid,
     }

@@ -1,0 +1,509 @@
+"""``check_run`` on hand-built histories, and on histories recorded for real in Redis (and by
+``run_section`` under a real ZooKeeper lock whose session is expired on the server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from celery_zklock import LockLost, Mutex, RedisFence, ZkLockTask
+from tests.lockutil import expire_session, wait_for
+from workers.checker import FaultCount, RunReport, TaskOutcome, check_run
+from workers.record import (
+    FAULT_KINDS,
+    FaultLog,
+    FaultRecord,
+    Mode,
+    SectionEvent,
+    SectionRecorder,
+)
+from workers.tasks import RECORD_URL_SETTING, fence_namespace, run_section
+
+HOST = "w1@test"
+
+
+def ev(
+    kind: str, task: str, mode: Mode = "exclusive", token: int = 0, **extra: Any
+) -> SectionEvent:
+    """An event of key ``k``; the token defaults to a number derived from the task name."""
+    extra.setdefault("key", "k")
+    return SectionEvent(kind=kind, task_id=task, mode=mode, token=token, **extra)  # type: ignore[arg-type]
+
+
+def section(
+    task: str, token: int, mode: Mode = "exclusive", *, at: float = 0.0
+) -> list[SectionEvent]:
+    """A whole clean section: enter, accepted write, exit ok."""
+    return [
+        ev("enter", task, mode, token, time=at),
+        ev("write", task, mode, token, accepted=True, time=at + 0.1),
+        ev("exit", task, mode, token, time=at + 0.2, outcome="ok"),
+    ]
+
+
+def killed(pid: int, at: float = 0.0) -> SectionEvent:
+    return SectionEvent("killed", "", "", "exclusive", 0, hostname=HOST, pid=pid, time=at)
+
+
+def check(
+    events: Sequence[SectionEvent],
+    *,
+    outcomes: dict[str, TaskOutcome] | None = None,
+    faults: Sequence[FaultRecord] = (),
+    leftover_nodes: int = 0,
+) -> RunReport:
+    """Every task seen in ``events`` submitted at t=0 and ended SUCCESS unless told otherwise."""
+    tasks = {e.task_id for e in events if e.task_id}
+    given = outcomes or {}
+    return check_run(
+        submitted={t: 0.0 for t in sorted(tasks | set(given))},
+        outcomes={t: given.get(t, TaskOutcome(t, "SUCCESS")) for t in tasks} | given,
+        events=events,
+        faults=faults,
+        leftover_nodes=leftover_nodes,
+    )
+
+
+# ----------------------------------------------------------------------------- exclusion
+
+
+def test_a_clean_history_is_ok() -> None:
+    report = check([*section("a", 1), *section("b", 2, at=1.0), *section("c", 3, "shared", at=2)])
+    assert report.ok and report.violations == report.revoked_overlaps == 0
+    assert (report.tasks, report.ran, report.writes_accepted) == (3, 3, 3)
+    assert report.hold_seconds == pytest.approx((0.2, 0.2, 0.2))
+
+
+def test_two_valid_exclusive_holders_at_once_are_a_violation() -> None:
+    report = check(
+        [
+            ev("enter", "a", token=1),
+            ev("enter", "b", token=2),
+            ev("exit", "b", token=2, outcome="ok"),
+            ev("exit", "a", token=1, outcome="ok"),
+        ]
+    )
+    assert report.violations == 1 and report.revoked_overlaps == 0 and not report.ok
+    (overlap,) = report.overlaps
+    assert (overlap.position, overlap.entering, overlap.inside) == (1, "b#2", ("a#1",))
+    assert "violations=1" in report.report_line()
+    assert any("b#2 (exclusive) entered k while a#1 held it" in x for x in report.summary_lines())
+
+
+def test_shared_readers_may_overlap_each_other() -> None:
+    events = [
+        ev("enter", "r1", "shared", 1),
+        ev("enter", "r2", "shared", 2),
+        ev("enter", "r3", "shared", 3),
+        ev("exit", "r1", "shared", 1, outcome="ok"),
+        ev("exit", "r3", "shared", 3, outcome="ok"),
+        ev("exit", "r2", "shared", 2, outcome="ok"),
+        *section("w", 4, at=1.0),  # a writer after all readers left
+    ]
+    report = check(events)
+    assert report.ok and report.overlaps == ()
+
+
+def test_a_writer_entering_while_readers_are_inside_is_a_violation() -> None:
+    events = [
+        ev("enter", "r1", "shared", 1),
+        ev("enter", "r2", "shared", 2),
+        ev("exit", "r1", "shared", 1, outcome="ok"),
+        ev("enter", "w", "exclusive", 3),  # r2 is still inside
+        ev("exit", "r2", "shared", 2, outcome="ok"),
+        ev("exit", "w", "exclusive", 3, outcome="ok"),
+    ]
+    report = check(events)
+    assert report.violations == 1
+    (overlap,) = report.overlaps
+    assert (overlap.entering, overlap.entering_mode, overlap.inside) == (
+        "w#3",
+        "exclusive",
+        ("r2#2",),
+    )
+
+
+def test_a_reader_entering_while_a_writer_is_inside_is_a_violation() -> None:
+    events = [ev("enter", "w", "exclusive", 1), ev("enter", "r", "shared", 2)]
+    report = check(events)
+    assert report.violations == 1 and report.overlaps[0].entering_mode == "shared"
+    assert report.open_sections == 2
+
+
+def test_sections_of_different_keys_do_not_conflict() -> None:
+    report = check([ev("enter", "a", token=1), ev("enter", "b", token=2, key="other")])
+    assert report.violations == 0 and report.open_sections == 2
+
+
+# ------------------------------------------------------------------------- revoked holders
+
+
+def test_a_killed_holder_overlapped_by_its_successor_is_a_revoked_overlap() -> None:
+    events = [
+        ev("enter", "a", token=1, hostname=HOST, pid=41),
+        ev("enter", "b", token=2, hostname=HOST, pid=42),  # a was paused, then replaced
+        killed(pid=41),
+        ev("exit", "b", token=2, outcome="ok", hostname=HOST, pid=42),
+    ]
+    report = check(
+        events, outcomes={"a": TaskOutcome("a", "PENDING"), "b": TaskOutcome("b", "SUCCESS")}
+    )
+    assert (report.violations, report.revoked_overlaps) == (0, 1)
+    assert report.killed_sections == 1 and report.open_sections == 0
+    assert report.lost == 1 and report.lost_task_ids == ("a",)  # its message was never finished
+
+
+def test_a_kill_closes_only_its_own_process_sections() -> None:
+    events = [
+        ev("enter", "a", token=1, hostname=HOST, pid=41),
+        ev("enter", "x", token=5, key="other", hostname=HOST, pid=43),
+        killed(pid=41),
+        ev("enter", "b", token=2, hostname=HOST, pid=42),  # after the kill: no overlap at all
+        ev("enter", "y", token=6, key="other", hostname=HOST, pid=44),  # x still inside
+    ]
+    report = check(events)
+    assert report.revoked_overlaps == 0 and report.violations == 1
+    assert report.overlaps[0].entering == "y#6"
+    assert report.killed_sections == 1
+
+
+def test_an_overlap_with_a_holder_that_lost_its_lease_is_revoked() -> None:
+    events = [
+        ev("enter", "a", token=1),
+        ev("enter", "b", token=2),
+        ev("write", "b", token=2, accepted=True),
+        ev("write", "a", token=1, accepted=False, previous_token=2),  # the fence refuses a
+        ev("exit", "a", token=1, outcome="lost"),
+        ev("exit", "b", token=2, outcome="ok"),
+    ]
+    lost = TaskOutcome("a", "FAILURE", reason="LockLost: lock /zklock/k lost (token 1)")
+    report = check(events, outcomes={"a": lost})
+    assert (report.violations, report.revoked_overlaps, report.revocations) == (0, 1, 1)
+    assert report.failure_reasons == {"LockLost": 1}
+    assert (report.writes_accepted, report.writes_refused, report.stale_writes_accepted) == (
+        1,
+        1,
+        0,
+    )
+    assert report.ok
+
+
+def test_a_loss_noticed_only_at_release_makes_the_overlap_revoked() -> None:
+    # a's body finished before its client saw the expiry; its task still ended LockLost.
+    events = [
+        ev("enter", "a", token=1),
+        ev("enter", "b", token=2),
+        ev("exit", "a", token=1, outcome="ok"),
+        ev("exit", "b", token=2, outcome="ok"),
+    ]
+    lost = TaskOutcome("a", "FAILURE", reason="LockLost: the session expired before release")
+    assert check(events, outcomes={"a": lost}).revoked_overlaps == 1
+    # the same history whose task a failed for another reason is a violation
+    other = TaskOutcome("a", "FAILURE", reason="ValueError: boom")
+    assert check(events, outcomes={"a": other}).violations == 1
+
+
+def test_an_earlier_attempt_does_not_borrow_the_last_attempts_loss() -> None:
+    # Task a entered twice; only its last section is the one its final LockLost speaks for.
+    events = [
+        ev("enter", "a", token=1),
+        ev("enter", "b", token=2),  # overlaps a's first, valid attempt
+        ev("exit", "a", token=1, outcome="ok"),
+        ev("exit", "b", token=2, outcome="ok"),
+        *section("a", 3, at=5.0),
+    ]
+    lost = TaskOutcome("a", "FAILURE", reason="LockLost: lost")
+    report = check(events, outcomes={"a": lost})
+    assert report.violations == 1 and report.retried == 1 and report.attempts["a"] == 2
+
+
+# -------------------------------------------------------------------------------- fencing
+
+
+def test_a_write_accepted_below_the_fences_last_token_is_stale() -> None:
+    events = [ev("write", "a", token=5, accepted=True, previous_token=7)]
+    report = check(events)
+    assert report.stale_writes_accepted == 1 and not report.ok
+    assert report.stale_writes[0].task_id == "a"
+
+
+def test_a_write_accepted_below_an_earlier_recorded_write_is_stale() -> None:
+    # The fence forgot key k (Redis lost its data): a's write reports no previous token, but
+    # b's write of token 9 was recorded before a even entered.
+    events = [
+        *section("b", 9),
+        ev("enter", "a", token=5, time=1.0),
+        ev("write", "a", token=5, accepted=True, previous_token=None),
+        ev("exit", "a", token=5, outcome="ok", time=1.2),
+    ]
+    report = check(events)
+    assert report.stale_writes_accepted == 1 and report.violations == 0
+    assert "stale_writes_accepted=1" in report.report_line()
+
+
+def test_concurrent_readers_recording_writes_out_of_fence_order_are_not_stale() -> None:
+    # The fence took r1's write (token 5) then r2's (token 6); r2 recorded first.
+    events = [
+        ev("enter", "r1", "shared", 5),
+        ev("enter", "r2", "shared", 6),
+        ev("write", "r2", "shared", 6, accepted=True, previous_token=5),
+        ev("write", "r1", "shared", 5, accepted=True, previous_token=None),
+        ev("exit", "r1", "shared", 5, outcome="ok"),
+        ev("exit", "r2", "shared", 6, outcome="ok"),
+    ]
+    report = check(events)
+    assert report.stale_writes_accepted == 0 and report.ok
+
+
+# ----------------------------------------------------------------------------- accounting
+
+
+def test_every_task_is_counted_exactly_once() -> None:
+    events = [
+        ev("enter", "ran", token=1, time=10.5),
+        ev("exit", "ran", token=1, time=11.0, outcome="ok"),
+        ev("enter", "failed", token=2, time=11.5),
+        ev("exit", "failed", token=2, time=11.75, outcome="error:ValueError"),
+        ev("enter", "retried", token=3, time=12.0),
+        ev("exit", "retried", token=3, time=12.5, outcome="lost"),
+        ev("enter", "retried", token=4, time=13.0),
+        ev("exit", "retried", token=4, time=13.25, outcome="ok"),
+    ]
+    outcomes = {
+        "ran": TaskOutcome("ran", "SUCCESS"),
+        "skip": TaskOutcome("skip", "SUCCESS", skipped=True),
+        "failed": TaskOutcome("failed", "FAILURE", reason="ValueError: boom"),
+        "revoked": TaskOutcome("revoked", "REVOKED"),
+        "retried": TaskOutcome("retried", "SUCCESS"),
+        "started": TaskOutcome("started", "STARTED"),
+        "retrying": TaskOutcome("retrying", "RETRY"),
+    }
+    submitted = {t: 10.0 for t in [*outcomes, "vanished"]}
+    report = check_run(
+        submitted=submitted, outcomes=outcomes, events=events, faults=(), leftover_nodes=2
+    )
+    assert (report.tasks, report.ran, report.skipped, report.failed, report.lost) == (8, 2, 1, 2, 3)
+    assert report.ran + report.skipped + report.failed + report.lost == report.tasks
+    assert set(report.lost_task_ids) == {"started", "retrying", "vanished"}
+    assert report.failure_reasons == {"ValueError": 1, "REVOKED": 1}
+    assert report.failure_examples["ValueError"] == "ValueError: boom"
+    assert (report.retried, report.revocations) == (1, 1)
+    assert sorted(report.wait_seconds) == pytest.approx([0.5, 1.5, 2.0])
+    assert sorted(report.hold_seconds) == pytest.approx([0.25, 0.25, 0.5, 0.5])
+    assert report.throughput == (0, 2, 1, 1)  # exits at +1.0, +1.75, +2.5, +3.25 s
+    assert not report.ok  # lost tasks and leftover nodes
+    assert report.report_line() == (
+        "zklock-report: tasks=8 ran=2 skipped=1 failed=2 lost=3 violations=0 "
+        "stale_writes_accepted=0 leftover_nodes=2"
+    )
+
+
+def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
+    faults = [
+        FaultRecord("pause", 10.0, "w1 pid 41", True, "SIGSTOP 12 s"),
+        FaultRecord("kill", 20.0, "w1 pid 42", True, "SIGKILL"),
+        FaultRecord("leader", 25.0, "zk2", False, "no leader found"),
+        FaultRecord("kill", 30.0, "w1 pid 43", True, "SIGKILL"),
+    ]
+    events = [
+        ev("enter", "a", token=1, hostname=HOST, pid=41, time=9.0),
+        ev("enter", "b", token=2, hostname=HOST, pid=42, time=15.0),  # a lost its session
+        ev("exit", "a", token=1, outcome="lost", hostname=HOST, pid=41, time=16.0),
+        killed(pid=42, at=20.0),
+        ev("enter", "c", token=3, hostname=HOST, pid=43, time=29.0),
+        killed(pid=43, at=30.0),
+    ]
+    lost = TaskOutcome("a", "FAILURE", reason="LockLost: x")
+    report = check(events, outcomes={"a": lost}, faults=faults)
+    assert report.faults_by_kind == {
+        "pause": FaultCount(1, 0),
+        "kill": FaultCount(2, 0),
+        "leader": FaultCount(0, 1),
+    }
+    pause, kill_b, kill_c = report.fault_impacts  # the fault that could not run has no impact
+    assert (pause.lost_sections, pause.revoked_overlaps, pause.killed_sections) == (1, 1, 0)
+    assert (kill_b.killed_sections, kill_c.killed_sections) == (1, 1)
+    assert report.violations == 0 and report.killed_sections == 2
+    text = "\n".join(report.summary_lines())
+    assert "kill 2, leader 0 (1 could not run), pause 1" in text
+    assert "pause w1 pid 41: SIGSTOP 12 s; until the next fault: 1 sections lost their lock" in text
+
+
+def test_the_json_form_is_json_safe_and_complete() -> None:
+    report = check(
+        [*section("a", 1), ev("enter", "b", token=2), ev("enter", "c", token=3)],
+        faults=[FaultRecord("expire", 1.0, "w1", True, "session expired")],
+    )
+    data = report.to_json()
+    assert json.loads(json.dumps(data)) == data
+    assert data["report_line"] == report.report_line() and data["ok"] is False
+    assert data["overlaps"][0]["inside"] == ["b#2"]
+    assert data["faults_by_kind"] == {"expire": [1, 0]}
+    assert data["fault_impacts"][0]["fault"]["kind"] == "expire"
+
+
+def test_task_outcome_from_celery_results() -> None:
+    skipped = {"__zklock_skipped__": True, "reason": "busy", "lock": "/zklock/x", "holder": "t1"}
+    assert TaskOutcome.from_result("t", "SUCCESS", skipped) == TaskOutcome("t", "SUCCESS", True)
+    assert TaskOutcome.from_result("t", "SUCCESS", {"token": 1}) == TaskOutcome("t", "SUCCESS")
+    assert TaskOutcome.from_result("t", "FAILURE", LockLost("gone")).reason == "LockLost: gone"
+    assert TaskOutcome.from_result("t", "PENDING", None) == TaskOutcome("t", "PENDING")
+
+
+# ------------------------------------------------------------------------- recorded in Redis
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def run_id(redis_client: redis.Redis) -> Iterator[str]:
+    run = f"test-{uuid.uuid4().hex}"
+    yield run
+    SectionRecorder(redis_client, run).clear()
+    FaultLog(redis_client, run).clear()
+    RedisFence(redis_client, fence_namespace(run)).clear()
+
+
+def test_a_history_recorded_in_redis_reads_back_and_checks(
+    redis_client: redis.Redis, run_id: str
+) -> None:
+    recorder, log = SectionRecorder(redis_client, run_id), FaultLog(redis_client, run_id)
+    written = [
+        ev("enter", "a", token=1, hostname=HOST, pid=41, time=1.0),
+        ev("enter", "b", token=2, hostname=HOST, pid=42, time=2.0),
+    ]
+    for event in written:
+        recorder.record(event)
+    recorder.record_kill(HOST, 41, 2.5)
+    recorder.record(ev("exit", "b", token=2, hostname=HOST, pid=42, time=3.0, outcome="ok"))
+    log.record(FaultRecord("kill", 2.4, f"{HOST} pid 41", True, "SIGKILL"))
+    log.record(FaultRecord("redis_restart", 2.6, "redis", False, "no permission"))
+    # a record written before ``outcome`` existed still reads
+    redis_client.rpush(
+        recorder.key, '{"kind":"enter","task_id":"old","key":"k2","mode":"shared","token":7}'
+    )
+
+    events = recorder.events()
+    assert events[:2] == written and events[2] == killed(41, 2.5)
+    assert events[3].outcome == "ok" and events[4].outcome is None and events[4].token == 7
+    assert log.records()[1] == FaultRecord("redis_restart", 2.6, "redis", False, "no permission")
+
+    report = check(events, faults=log.records())
+    assert (report.violations, report.revoked_overlaps, report.killed_sections) == (0, 1, 1)
+    assert report.faults_by_kind == {"kill": (1, 0), "redis_restart": (0, 1)}
+    recorder.clear()
+    log.clear()
+    assert recorder.events() == [] and log.records() == []
+
+
+def test_records_reject_what_they_cannot_mean() -> None:
+    with pytest.raises(ValueError, match="fault kind"):
+        FaultRecord("meteor", 0.0, "x", True, "")
+    with pytest.raises(ValueError, match="not a fault record"):
+        FaultRecord.from_json('{"kind": "kill"}')
+    with pytest.raises(ValueError, match="kind"):
+        ev("start", "a")
+    assert set(FAULT_KINDS) == {"kill", "pause", "expire", "leader", "partition", "redis_restart"}
+    assert "outcome" not in ev("enter", "a").to_json()  # older readers still parse it
+
+
+# ------------------------------------------------------- run_section under a real lease loss
+
+
+def _task(lease: object, redis_url: str, task_id: str) -> ZkLockTask:
+    """The parts of a bound task ``run_section`` reads; the lease is a real ZooKeeper lease."""
+    app = SimpleNamespace(conf={RECORD_URL_SETTING: redis_url})
+    request = SimpleNamespace(id=task_id, hostname=HOST)
+    return cast(ZkLockTask, SimpleNamespace(lock=lease, app=app, request=request))
+
+
+def test_run_section_records_a_lost_lease_and_its_successor_is_fenced(
+    zk_hosts: str,
+    zk_client: KazooClient,
+    lock_root: str,
+    redis_client: redis.Redis,
+    redis_url: str,
+    run_id: str,
+) -> None:
+    """A holds the lock in a long section; its session is expired on the server; B takes the
+    lock and runs its section. A's section must stop with LockLost before writing, and the
+    recorded history must check clean (A's lease was revoked, not doubly granted)."""
+    recorder = SectionRecorder(redis_client, run_id)
+    submitted = {"a": time.time(), "b": time.time()}
+    holder = KazooClient(zk_hosts, timeout=10)
+    holder.start(timeout=15)
+    try:
+        lease_a = Mutex(holder, lock_root).acquire(timeout=10)
+        failures: list[BaseException] = []
+
+        def section_a() -> None:
+            try:
+                run_section(_task(lease_a, redis_url, "a"), run_id, "k", 60_000, "exclusive")
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=section_a)
+        thread.start()
+        wait_for(lambda: len(recorder.events()) >= 1, 10, "A's enter record")
+        expire_session(zk_hosts, holder)
+        with Mutex(zk_client, lock_root).acquire(timeout=15) as lease_b:
+            result_b = run_section(_task(lease_b, redis_url, "b"), run_id, "k", 0, "exclusive")
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "A's section did not notice its lost lease"
+    finally:
+        holder.stop()
+        holder.close()
+
+    assert len(failures) == 1 and isinstance(failures[0], LockLost)
+    assert result_b["accepted"] is True and lease_b.token > lease_a.token
+    events = recorder.events()
+    a_events = [e for e in events if e.task_id == "a"]
+    assert [e.kind for e in a_events] == ["enter", "exit"]  # no write after the loss
+    assert a_events[-1].outcome == "lost"
+    # A resuming and writing now would be refused: B's token is higher.
+    fence = RedisFence(redis_client, fence_namespace(run_id))
+    assert not fence.write("k", lease_a.token, "stale").accepted
+
+    report = check_run(
+        submitted=submitted,
+        outcomes={
+            "a": TaskOutcome.from_result("a", "FAILURE", failures[0]),
+            "b": TaskOutcome("b", "SUCCESS"),
+        },
+        events=events,
+        faults=[FaultRecord("expire", time.time(), "a", True, "server-side session expiry")],
+        leftover_nodes=0,
+    )
+    assert report.violations == 0 and report.stale_writes_accepted == 0
+    assert (report.revocations, report.failure_reasons, report.ran) == (1, {"LockLost": 1}, 1)
+    assert report.ok
+    assert sum(report.throughput) == 2 and len(report.throughput) <= 60
+
+
+def test_throughput_from_unrelated_clocks_stays_short() -> None:
+    # Submit times from another clock (or zeros) must not build a series of millions of seconds.
+    events = [*section("a", 1, at=1.7e9), *section("b", 2, at=1.7e9 + 2)]
+    report = check_run(
+        submitted={"a": 0.0, "b": 0.0},
+        outcomes={"a": TaskOutcome("a", "SUCCESS"), "b": TaskOutcome("b", "SUCCESS")},
+        events=events,
+        faults=(),
+        leftover_nodes=0,
+    )
+    assert report.throughput == (1, 0, 1)

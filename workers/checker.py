@@ -1,0 +1,544 @@
+"""The verdict on one recorded run: mutual exclusion, fencing, task accounting and faults.
+
+:func:`check_run` replays a run's section events (:mod:`workers.record`) in the order Redis
+received them, with the tasks' final states and the faults injected, and returns a
+:class:`RunReport`.
+
+**Overlaps.** Per key, an exclusive section entering while any section of the key is inside, or
+a shared one entering while an exclusive one is inside, is an *overlap*: two holders were inside
+at once. A ``killed`` event closes every open section of its process (hostname and pid).
+
+An overlap is a *revoked overlap*, not a violation, when every conflicting section already
+inside had its lease revoked: it ended with outcome ``"lost"`` (its body saw ``LockLost``), its
+process was killed, or it is its task's last section and the task ended ``LockLost`` (the release
+noticed the loss after the body returned, e.g. a process paused past its session timeout that
+resumed before its client saw the expiry). Such a holder may still be running, but ZooKeeper has
+handed the lock on, as it must once a session is gone: no lock can stop a paused process from
+resuming inside its section. That window is what the fencing token is for; the fence's side of it
+is checked by ``stale_writes_accepted``. Every other overlap is a *violation*: two holders whose
+leases were both valid, which is what a bug in the lock (or a lease lost without anyone noticing)
+looks like. So a run with revoked overlaps and no violation still shows that the lock never granted
+two valid holders at once, as far as the records tell: the sections' own records decide which holder
+counts as revoked, and a section that never exits and was not killed counts as valid. A killed
+section counts as revoked wherever its ``killed`` record lands, because a holder paused, replaced,
+then killed is recorded that way; the price is that a valid holder killed *after* an erroneous
+successor entered is not reported as a violation.
+
+**Stale writes.** An accepted fenced write is stale if its token is lower than the fence's last
+token at the time (``previous_token``, from the script itself), or lower than an accepted write of
+the same key recorded before the writer's section entered: that write was done before our section
+began, so the fence had seen it. Writes recorded later than our enter are not compared: concurrent
+shared holders may record their writes in another order than the fence saw them.
+
+**Accounting.** Each submitted task is exactly one of ran (SUCCESS, not skipped), skipped,
+failed (FAILURE or REVOKED) or lost (no final state by the end). Attempts come from ``enter``
+events; a task that entered more than once was retried or redelivered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from celery_zklock import is_skipped
+from workers.record import FaultRecord, Mode, SectionEvent
+
+__all__ = [
+    "FaultCount",
+    "FaultImpact",
+    "RunReport",
+    "SectionOverlap",
+    "TaskOutcome",
+    "check_run",
+]
+
+FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+LOST_REASON_PREFIX = "LockLost"
+MAX_SERIES_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """A submitted task's final state as Celery reports it.
+
+    ``state`` is Celery's state name; ``skipped`` is true for a SUCCESS whose lock was busy and
+    which skipped its body; ``reason`` is ``"ExcType: message"`` for a FAILURE.
+    """
+
+    task_id: str
+    state: str
+    skipped: bool = False
+    reason: str | None = None
+
+    @classmethod
+    def from_result(cls, task_id: str, state: str, result: Any) -> TaskOutcome:
+        """From a Celery ``AsyncResult``'s ``state`` and ``result``."""
+        if state == "SUCCESS":
+            return cls(task_id, state, skipped=is_skipped(result))
+        if state == "FAILURE":
+            reason = (
+                f"{type(result).__name__}: {result}"
+                if isinstance(result, BaseException)
+                else str(result)
+            )
+            return cls(task_id, state, reason=reason)
+        return cls(task_id, state)
+
+
+@dataclass(frozen=True)
+class SectionOverlap:
+    """A section that entered while conflicting sections of its key were inside."""
+
+    key: str
+    position: int
+    """Index of the entering ``enter`` event in the event list."""
+    entering: str
+    entering_mode: Mode
+    inside: tuple[str, ...]
+    """The conflicting holders (``task_id#token``) inside at that moment."""
+    revoked: bool
+    """Every conflicting holder had its lease revoked (see the module docstring)."""
+
+
+class FaultCount(NamedTuple):
+    """Faults of one kind: how many were injected, how many could not be."""
+
+    injected: int
+    could_not_run: int
+
+
+@dataclass(frozen=True)
+class FaultImpact:
+    """What followed one injected fault, until the next fault (or the end of the run)."""
+
+    fault: FaultRecord
+    lost_sections: int
+    """Sections that exited with outcome ``"lost"`` in that window."""
+    killed_sections: int
+    revoked_overlaps: int
+    refused_writes: int
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What :func:`check_run` found. ``ok``: no violation, stale write, lost task or leftover."""
+
+    tasks: int
+    ran: int
+    skipped: int
+    failed: int
+    lost: int
+    violations: int
+    revoked_overlaps: int
+    stale_writes_accepted: int
+    leftover_nodes: int
+    retried: int
+    """Tasks whose section was entered more than once (retries, redeliveries)."""
+    revocations: int
+    """Sections that exited with outcome ``"lost"``."""
+    killed_sections: int
+    open_sections: int
+    """Sections entered that neither exited nor were killed."""
+    writes_accepted: int
+    writes_refused: int
+    ran_without_section: int
+    """Tasks that ran (SUCCESS) with no ``enter`` recorded: records went missing."""
+    failure_reasons: Mapping[str, int]
+    """Failed tasks by exception type (``REVOKED`` for revoked tasks)."""
+    failure_examples: Mapping[str, str]
+    """One full reason per exception type."""
+    faults_by_kind: Mapping[str, FaultCount]
+    fault_impacts: tuple[FaultImpact, ...]
+    overlaps: tuple[SectionOverlap, ...]
+    stale_writes: tuple[SectionEvent, ...]
+    malformed: tuple[str, ...]
+    """Events that contradict the protocol: an exit without an open enter, a second enter."""
+    lost_task_ids: tuple[str, ...]
+    wait_seconds: tuple[float, ...]
+    """Per task that entered: first enter time minus submit time."""
+    hold_seconds: tuple[float, ...]
+    """Per exited section: exit time minus enter time."""
+    throughput: tuple[int, ...]
+    """Section exits per second, from the first submission (without submissions, or when the
+    submit times are more than a week before the exits, from the first exit)."""
+    attempts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.violations == 0
+            and self.stale_writes_accepted == 0
+            and self.lost == 0
+            and self.leftover_nodes == 0
+        )
+
+    def report_line(self) -> str:
+        return (
+            f"zklock-report: tasks={self.tasks} ran={self.ran} skipped={self.skipped} "
+            f"failed={self.failed} lost={self.lost} violations={self.violations} "
+            f"stale_writes_accepted={self.stale_writes_accepted} "
+            f"leftover_nodes={self.leftover_nodes}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, plus ``ok`` and ``report_line``, as JSON-safe values only (str keys,
+        lists, numbers, strings, booleans, None): ``json.loads(json.dumps(d)) == d``."""
+        data: dict[str, Any] = _plain(asdict(self))
+        data["ok"] = self.ok
+        data["report_line"] = self.report_line()
+        return data
+
+    def summary_lines(self) -> list[str]:
+        """A human summary: tasks, mutual exclusion, fencing, failures, faults and what followed
+        them, timings; the last line is :meth:`report_line`."""
+        return _summary(self)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ------------------------------------------------------------------------------------ replay
+
+
+@dataclass
+class _Section:
+    enter: SectionEvent
+    known_token: int | None
+    """Highest accepted token of the key among writes recorded before this enter."""
+    end: str | None = None
+    """``"exit"`` or ``"killed"``; None while open."""
+    outcome: str | None = None
+
+
+@dataclass
+class _Replay:
+    sections: dict[str, _Section] = field(default_factory=dict)
+    inside: dict[str, dict[str, _Section]] = field(default_factory=dict)
+    highest_accepted: dict[str, int] = field(default_factory=dict)
+    last_section: dict[str, _Section] = field(default_factory=dict)
+    attempts: Counter[str] = field(default_factory=Counter)
+    first_enter: dict[str, float] = field(default_factory=dict)
+    raw_overlaps: list[tuple[int, _Section, tuple[_Section, ...]]] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+    stale: list[SectionEvent] = field(default_factory=list)
+    holds: list[float] = field(default_factory=list)
+    exit_times: list[float] = field(default_factory=list)
+    lost_exit_times: list[float] = field(default_factory=list)
+    kill_times: list[tuple[float, int]] = field(default_factory=list)
+    refused_times: list[float] = field(default_factory=list)
+    accepted: int = 0
+
+    def feed(self, position: int, event: SectionEvent) -> None:
+        if event.kind == "killed":
+            self._killed(event)
+        elif event.kind == "enter":
+            self._enter(position, event)
+        elif event.kind == "exit":
+            self._exit(position, event)
+        else:
+            self._write(event)
+
+    def _killed(self, event: SectionEvent) -> None:
+        closed = 0
+        for holders in self.inside.values():
+            for holder, section in list(holders.items()):
+                if (section.enter.hostname, section.enter.pid) == (event.hostname, event.pid):
+                    section.end = "killed"
+                    del holders[holder]
+                    closed += 1
+        self.kill_times.append((event.time, closed))
+
+    def _enter(self, position: int, event: SectionEvent) -> None:
+        if event.holder in self.sections:
+            self.malformed.append(f"#{position}: second enter of {event.holder}")
+            return
+        holders = self.inside.setdefault(event.key, {})
+        conflicting = tuple(
+            s for s in holders.values() if event.mode == "exclusive" or s.enter.mode == "exclusive"
+        )
+        section = _Section(event, self.highest_accepted.get(event.key))
+        self.sections[event.holder] = holders[event.holder] = section
+        self.last_section[event.task_id] = section
+        self.attempts[event.task_id] += 1
+        self.first_enter.setdefault(event.task_id, event.time)
+        if conflicting:
+            self.raw_overlaps.append((position, section, conflicting))
+
+    def _exit(self, position: int, event: SectionEvent) -> None:
+        section = self.inside.get(event.key, {}).pop(event.holder, None)
+        if section is None:
+            self.malformed.append(f"#{position}: exit of {event.holder} without an open enter")
+            return
+        section.end = "exit"
+        section.outcome = event.outcome
+        self.holds.append(max(0.0, event.time - section.enter.time))
+        self.exit_times.append(event.time)
+        if event.outcome == "lost":
+            self.lost_exit_times.append(event.time)
+
+    def _write(self, event: SectionEvent) -> None:
+        if not event.accepted:
+            self.refused_times.append(event.time)
+            return
+        self.accepted += 1
+        section = self.sections.get(event.holder)
+        known = section.known_token if section is not None else None
+        bounds = [b for b in (event.previous_token, known) if b is not None]
+        if any(event.token < bound for bound in bounds):
+            self.stale.append(event)
+        self.highest_accepted[event.key] = max(
+            event.token, self.highest_accepted.get(event.key, event.token)
+        )
+
+
+def check_run(
+    *,
+    submitted: Mapping[str, float],
+    outcomes: Mapping[str, TaskOutcome],
+    events: Sequence[SectionEvent],
+    faults: Sequence[FaultRecord],
+    leftover_nodes: int,
+) -> RunReport:
+    """Check one run; see the module docstring for what each count means.
+
+    ``submitted`` maps each task id sent to its submit time (``time.time()``); ``outcomes``
+    holds the final states known at the end (a task missing from it is lost); ``events`` is the
+    run's event list in Redis order; ``faults`` what the fault injector did; ``leftover_nodes``
+    the znodes left under the lock root after the run.
+    """
+    replay = _Replay()
+    for position, event in enumerate(events):
+        replay.feed(position, event)
+
+    def revoked(section: _Section) -> bool:
+        if section.end == "killed" or section.outcome == "lost":
+            return True
+        task = outcomes.get(section.enter.task_id)
+        return (
+            task is not None
+            and task.state == "FAILURE"
+            and (task.reason or "").startswith(LOST_REASON_PREFIX)
+            and replay.last_section.get(section.enter.task_id) is section
+        )
+
+    overlaps = tuple(
+        SectionOverlap(
+            key=section.enter.key,
+            position=position,
+            entering=section.enter.holder,
+            entering_mode=section.enter.mode,
+            inside=tuple(s.enter.holder for s in inside),
+            revoked=all(revoked(s) for s in inside),
+        )
+        for position, section, inside in replay.raw_overlaps
+    )
+    tally = _tally(submitted, outcomes)
+    start = min(submitted.values(), default=min((e.time for e in events), default=0.0))
+    return RunReport(
+        tasks=len(submitted),
+        ran=len(tally.ran),
+        skipped=tally.skipped,
+        failed=sum(tally.failure_reasons.values()),
+        lost=len(tally.lost),
+        violations=sum(1 for o in overlaps if not o.revoked),
+        revoked_overlaps=sum(1 for o in overlaps if o.revoked),
+        stale_writes_accepted=len(replay.stale),
+        leftover_nodes=leftover_nodes,
+        retried=sum(1 for n in replay.attempts.values() if n > 1),
+        revocations=len(replay.lost_exit_times),
+        killed_sections=sum(s.end == "killed" for s in replay.sections.values()),
+        open_sections=sum(s.end is None for s in replay.sections.values()),
+        writes_accepted=replay.accepted,
+        writes_refused=len(replay.refused_times),
+        ran_without_section=sum(1 for t in tally.ran if t not in replay.first_enter),
+        failure_reasons=dict(tally.failure_reasons),
+        failure_examples=tally.failure_examples,
+        faults_by_kind=_count_faults(faults),
+        fault_impacts=_fault_impacts(faults, replay, overlaps, events),
+        overlaps=overlaps,
+        stale_writes=tuple(replay.stale),
+        malformed=tuple(replay.malformed),
+        lost_task_ids=tuple(tally.lost),
+        wait_seconds=tuple(
+            max(0.0, replay.first_enter[t] - at)
+            for t, at in submitted.items()
+            if t in replay.first_enter
+        ),
+        hold_seconds=tuple(replay.holds),
+        throughput=_per_second(replay.exit_times, start),
+        attempts=dict(replay.attempts),
+    )
+
+
+# -------------------------------------------------------------------------------- accounting
+
+
+@dataclass
+class _Tally:
+    ran: list[str] = field(default_factory=list)
+    skipped: int = 0
+    lost: list[str] = field(default_factory=list)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    failure_examples: dict[str, str] = field(default_factory=dict)
+
+
+def _tally(submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome]) -> _Tally:
+    tally = _Tally()
+    for task_id in submitted:
+        outcome = outcomes.get(task_id)
+        if outcome is None or outcome.state not in FINAL_STATES:
+            tally.lost.append(task_id)
+        elif outcome.state == "SUCCESS":
+            if outcome.skipped:
+                tally.skipped += 1
+            else:
+                tally.ran.append(task_id)
+        else:
+            reason = outcome.reason or outcome.state
+            kind = reason.split(":", 1)[0].strip() or outcome.state
+            tally.failure_reasons[kind] += 1
+            tally.failure_examples.setdefault(kind, reason)
+    return tally
+
+
+def _count_faults(faults: Sequence[FaultRecord]) -> dict[str, FaultCount]:
+    counts: dict[str, FaultCount] = {}
+    for fault in faults:
+        injected, failed = counts.get(fault.kind, FaultCount(0, 0))
+        counts[fault.kind] = FaultCount(injected + fault.ran, failed + (not fault.ran))
+    return counts
+
+
+def _fault_impacts(
+    faults: Sequence[FaultRecord],
+    replay: _Replay,
+    overlaps: Sequence[SectionOverlap],
+    events: Sequence[SectionEvent],
+) -> tuple[FaultImpact, ...]:
+    ordered = sorted((f for f in faults if f.ran), key=lambda f: f.time)
+    overlap_times = [events[o.position].time for o in overlaps if o.revoked]
+    impacts = []
+    for index, fault in enumerate(ordered):
+        until = ordered[index + 1].time if index + 1 < len(ordered) else math.inf
+        impacts.append(
+            FaultImpact(
+                fault=fault,
+                lost_sections=_count_between(replay.lost_exit_times, fault.time, until),
+                killed_sections=sum(n for t, n in replay.kill_times if fault.time <= t < until),
+                revoked_overlaps=_count_between(overlap_times, fault.time, until),
+                refused_writes=_count_between(replay.refused_times, fault.time, until),
+            )
+        )
+    return tuple(impacts)
+
+
+def _count_between(times: Sequence[float], since: float, before: float) -> int:
+    return sum(1 for t in times if since <= t < before)
+
+
+def _per_second(times: Sequence[float], start: float) -> tuple[int, ...]:
+    if not times:
+        return ()
+    if max(times) - start > MAX_SERIES_SECONDS:
+        # Submit times and event times from unrelated clocks: count from the first exit instead
+        # of building a series of millions of empty seconds.
+        start = min(times)
+    buckets = Counter(max(0, int(t - start)) for t in times)
+    return tuple(buckets.get(second, 0) for second in range(max(buckets) + 1))
+
+
+# ----------------------------------------------------------------------------------- summary
+
+
+def _summary(report: RunReport) -> list[str]:
+    r = report
+    lines = [
+        f"tasks: {r.tasks} submitted; ran {r.ran}, skipped {r.skipped}, failed {r.failed}, "
+        f"lost {r.lost}; {r.retried} entered their section more than once (retry/redelivery)",
+    ]
+    if r.lost_task_ids:
+        lines.append("  lost (no final state): " + _first(r.lost_task_ids))
+    if r.ran_without_section:
+        lines.append(f"  {r.ran_without_section} ran without an enter record (records missing)")
+    lines.append(
+        f"sections: {len(r.hold_seconds)} exited, {r.revocations} of them after losing the lock; "
+        f"{r.killed_sections} killed, {r.open_sections} never closed"
+    )
+    lines.append(
+        f"mutual exclusion: {r.violations} violations; {r.revoked_overlaps} revoked overlaps "
+        "(the holder inside had lost its lease or was killed: the fence covers that window)"
+    )
+    for overlap in [o for o in r.overlaps if not o.revoked][:10]:
+        lines.append(
+            f"  violation at event #{overlap.position}: {overlap.entering} "
+            f"({overlap.entering_mode}) entered {overlap.key} while "
+            f"{', '.join(overlap.inside)} held it"
+        )
+    lines.append(
+        f"fenced writes: {r.writes_accepted} accepted, {r.writes_refused} refused; "
+        f"{r.stale_writes_accepted} stale writes accepted"
+    )
+    for event in r.stale_writes[:10]:
+        lines.append(
+            f"  stale write accepted: {event.holder} on {event.key} "
+            f"(previous token {event.previous_token})"
+        )
+    for kind, count in sorted(r.failure_reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"failure: {kind} x{count}, e.g. {r.failure_examples[kind]}")
+    lines.extend(_fault_lines(r))
+    for name, values in (("wait", r.wait_seconds), ("hold", r.hold_seconds)):
+        if values:
+            lines.append(
+                f"{name} time: p50 {_quantile(values, 0.5):.3f} s, "
+                f"p95 {_quantile(values, 0.95):.3f} s, max {max(values):.3f} s"
+            )
+    if r.throughput:
+        lines.append(
+            f"throughput: {sum(r.throughput) / len(r.throughput):.1f} exits/s over "
+            f"{len(r.throughput)} s, peak {max(r.throughput)}/s"
+        )
+    if r.malformed:
+        lines.append(f"malformed records: {len(r.malformed)}: " + _first(r.malformed))
+    lines.append(f"leftover znodes under the lock root: {r.leftover_nodes}")
+    lines.append(r.report_line())
+    return lines
+
+
+def _fault_lines(r: RunReport) -> list[str]:
+    if not r.faults_by_kind:
+        return ["faults: none injected"]
+    lines = [
+        "faults: "
+        + ", ".join(
+            f"{kind} {c.injected}"
+            + (f" ({c.could_not_run} could not run)" if c.could_not_run else "")
+            for kind, c in sorted(r.faults_by_kind.items())
+        )
+    ]
+    for impact in r.fault_impacts:
+        f = impact.fault
+        lines.append(
+            f"  {f.kind} {f.target}: {f.detail}; until the next fault: "
+            f"{impact.lost_sections} sections lost their lock, {impact.killed_sections} killed, "
+            f"{impact.revoked_overlaps} revoked overlaps, {impact.refused_writes} writes refused"
+        )
+    return lines
+
+
+def _first(items: Sequence[str], limit: int = 10) -> str:
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of a non-empty sequence."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
