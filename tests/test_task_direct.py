@@ -3,6 +3,7 @@ definition-time validation, bad input at call time, and the lock around the body
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -15,11 +16,14 @@ from celery_zklock import (
     ConfigurationError,
     LockBusy,
     LockKeyError,
+    LockLost,
     ZkLockTask,
     ZooKeeperUnavailable,
     is_skipped,
+    signals,
 )
 from celery_zklock.testing import free_port
+from tests.lockutil import expire_session
 
 
 @pytest.fixture
@@ -112,3 +116,68 @@ def test_empty_hosts_and_unreachable_zookeeper(app: Celery) -> None:
     app.conf.zklock_connect_timeout = 0.5
     with pytest.raises(ZooKeeperUnavailable, match="could not connect"):
         job(1)
+
+
+def test_signals_and_log_lines_for_each_lock_event(
+    app: Celery, zk_hosts: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def receiver(name: str) -> Any:
+        def receive(sender: Any, **fields: Any) -> None:
+            sent.append((name, fields))
+
+        return receive
+
+    receivers = {
+        name: receiver(name)
+        for name in ("lock_acquired", "lock_busy", "lock_lost", "lock_released")
+    }
+    for name, receive in receivers.items():
+        getattr(signals, name).connect(receive, weak=False)
+    inside, leave = threading.Event(), threading.Event()
+    clients: list[KazooClient] = []
+
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lock_on_busy="skip", lazy=False)
+    def held(self: Any, n: int) -> str:
+        clients.append(self.lock._hold.internals.client)
+        inside.set()
+        while not leave.is_set():  # interruptible: the revocation lands between these waits
+            leave.wait(0.01)
+        return "ran"
+
+    outcome: dict[str, BaseException | str] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = held(1)
+        except BaseException as exc:
+            outcome["value"] = exc
+
+    caplog.set_level(logging.INFO, logger="celery_zklock")
+    try:
+        runner = threading.Thread(target=run)
+        runner.start()
+        assert inside.wait(10)
+        assert is_skipped(held(1))  # busy
+        expire_session(zk_hosts, clients[0])  # lost: the running body is interrupted
+        runner.join(10)
+        assert isinstance(outcome["value"], LockLost)
+    finally:
+        leave.set()
+        for name, receive in receivers.items():
+            getattr(signals, name).disconnect(receive)
+    names = [name for name, _ in sent]
+    assert names == ["lock_acquired", "lock_busy", "lock_lost", "lock_released"]
+    acquired, busy, lost, released = (fields for _, fields in sent)
+    path = acquired["path"]
+    assert "/n=1~" in path and all(f["path"] == path for _, f in sent)
+    assert acquired["token"] == lost["token"] == released["token"] > 0
+    assert acquired["mode"] == "exclusive" and acquired["waited"] >= 0
+    assert busy["policy"] == "skip"
+    assert "expired" in lost["reason"] and released["held"] > 0
+    events = [r.zklock["event"] for r in caplog.records if hasattr(r, "zklock")]
+    assert events == ["acquired", "busy", "lost", "released"]
+    lines = [r.getMessage() for r in caplog.records if hasattr(r, "zklock")]
+    assert all(f"path={path}" in line for line in lines)
+    assert f"token={acquired['token']}" in lines[0] and "waited=" in lines[0]
