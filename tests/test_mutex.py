@@ -297,3 +297,41 @@ def test_bad_paths_are_refused(zk_client: KazooClient) -> None:
     for bad in ("relative", "/", "/a//b", "/a/", "/a/../b"):
         with pytest.raises(ValueError, match="lock path"):
             Mutex(zk_client, bad)
+
+
+def test_acquire_while_the_session_is_expired_waits_for_the_reconnect_without_spinning(
+    zk_hosts: str, lock_root: str
+) -> None:
+    """Until kazoo reconnects, requests on an expired session fail at once: retrying them in a
+    loop would spin (and under gevent starve the reconnecting greenlet forever)."""
+    # Reconnect only 1.5 s after the expiry, so the acquire starts inside that window.
+    client = KazooClient(
+        zk_hosts, connection_retry={"max_tries": -1, "delay": 1.5, "backoff": 1, "max_jitter": 0}
+    )
+    client.start(timeout=10)
+    creates = 0
+    create_async = client.create_async
+
+    def counting_create(*args: object, **kwargs: object) -> object:
+        nonlocal creates
+        creates += 1
+        return create_async(*args, **kwargs)
+
+    client.create_async = counting_create  # type: ignore[method-assign]
+    try:
+        Mutex(client, f"{lock_root}/warm").acquire().release()  # the client knows the session
+        lost = threading.Event()
+        client.add_listener(lambda state: lost.set() if state == "LOST" else None)
+        expire_session(zk_hosts, client)
+        assert lost.wait(10)
+        assert client.state == "LOST"
+        creates = 0
+        started = time.monotonic()
+        lease = Mutex(client, f"{lock_root}/after-expiry").acquire(timeout=10)
+        assert lease is not None and client.state == "CONNECTED"
+        assert time.monotonic() - started < 5
+        assert creates <= 3, f"{creates} create requests: the acquire spun while disconnected"
+        lease.release()
+    finally:
+        client.stop()
+        client.close()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionLoss,
     NodeExistsError,
@@ -283,9 +283,11 @@ class LockInternals:
             except ConnectionLoss:
                 found = self._find_ours(prefix, deadline)
                 if found is None:
+                    self._await_connected(deadline)
                     continue
                 return found
             except SessionExpiredError:
+                self._await_connected(deadline)
                 continue
             finally:
                 if parent is not None:
@@ -321,7 +323,24 @@ class LockInternals:
             except NoNodeError:
                 return None
             except ConnectionLoss:
+                self._await_connected(deadline)
                 continue
+
+    def _await_connected(self, deadline: Deadline) -> None:
+        """Before retrying a request that failed for want of a connection: wait until the
+        client is connected again (LockTimeout at the deadline).
+
+        Retrying at once would spin: while the session is expired kazoo fails requests without
+        waiting, and under gevent a greenlet that never blocks starves kazoo's reconnecting
+        greenlet for good.
+        """
+        event = self.client.handler.event_object()
+        with self.watch.wakeup_on_state_change(event):
+            while self.client.state != KazooState.CONNECTED:
+                if deadline.expired():
+                    raise LockTimeout(f"ZooKeeper unreachable while acquiring {self.path}")
+                event.wait(_slice(deadline))
+                event.clear()
 
     def _make_parents(self, deadline: Deadline) -> None:
         """Create every ancestor of the lock path as a container, pipelined, in one round trip."""
@@ -357,6 +376,7 @@ class LockInternals:
                 children: list[str] = _wait(self.client.get_children_async(self.path), deadline)
                 return children
             except ConnectionLoss:
+                self._await_connected(deadline)
                 continue
             except (NoNodeError, SessionExpiredError):
                 raise _SessionGone() from None
