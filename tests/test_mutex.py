@@ -238,6 +238,9 @@ def test_connection_drop_during_create_keeps_one_node(
     zk_server: object, zk_client: KazooClient, lock_root: str
 ) -> None:
     """The create runs on the server but its answer is lost: the node is found again by uuid."""
+    # The lock's parents must exist already: with answers dropped, an acquire that first has
+    # to learn that they are missing never gets to its create.
+    zk_client.ensure_path(lock_root)
     host, port = zk_client.hosts[0]
     with TcpProxy(host, port) as proxy:
         client = KazooClient(proxy.address, timeout=10)
