@@ -47,7 +47,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from celery_zklock.errors import LockTimeout, ZkLockError
-from celery_zklock.locks.contenders import Kind, decide, protected_prefix, queue_of
+from celery_zklock.locks.contenders import Kind, decide, parse_child, protected_prefix, queue_of
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.requests import create_container_async, remove_data_watches_async
 from celery_zklock.session import SessionWatch, watch_for
@@ -272,10 +272,18 @@ class LockInternals:
                 sequence=True,
                 include_data=True,
             )
-            listing = client.get_children_async(self.path)
+            # Under a parent we may be creating right now our node is most likely its first
+            # child ever (sequence 0), which holds whatever else comes: list the children in
+            # the same round trip only under a parent we have seen before.
+            listing = client.get_children_async(self.path) if parent_known else None
             try:
                 path, stat = _wait(created, deadline)
-                children = _wait(listing, deadline)
+                if listing is not None:
+                    children = _wait(listing, deadline)
+                elif _first_child_ever(path):
+                    children = [path.rsplit("/", 1)[1]]
+                else:
+                    children = _wait(client.get_children_async(self.path), deadline)
             except NoNodeError:
                 self._make_parents(deadline)
                 parent_known = True
@@ -470,6 +478,14 @@ class LockInternals:
         except BaseException:
             self.watch.purge_later(self.path, node.rsplit("/", 1)[1])
             raise
+
+
+def _first_child_ever(path: str) -> bool:
+    """True if the node at ``path`` got sequence 0: no child was created under its parent
+    before it (ZooKeeper numbers children by the parent's count of child changes), so no
+    contender can come before it."""
+    contender = parse_child(path.rsplit("/", 1)[1])
+    return contender is not None and contender.seq == 0
 
 
 def _wait(result: Any, deadline: Deadline) -> Any:
