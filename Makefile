@@ -19,7 +19,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: system-deps $(STAMP)
-	$(BIN)/python -m benchmarks.recipes
+	$(BIN)/python -c 'import celery_singleton, celery_once' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # Debian packages (ZooKeeper, Redis, Java, docker-compose, Curator): checked every run, installed only when missing.
 system-deps:

@@ -1,5 +1,7 @@
 """Side-by-side measurements of celery-zklock against a floor and against other recipes.
 
-Each module is runnable: ``python -m benchmarks.recipes --help``. Results are printed and written
-as JSON under ``benchmarks/results/``.
+``python -m benchmarks`` (``make bench``) runs every section on a local ZooKeeper and Redis it
+starts itself and writes ``benchmarks/results/latest.json`` and ``latest.md``;
+``python -m benchmarks --quick`` does the same with small sizes. ``python -m benchmarks --help``
+lists the options; :mod:`benchmarks.__main__` describes the sections.
 """

@@ -1,10 +1,11 @@
-"""Acquire+release latency of our lock recipes, against a floor and against kazoo's Lock.
+"""Acquire+release latency of our lock recipes, against a floor, kazoo's Lock and redis-py's Lock.
 
-Run: ``python -m benchmarks.recipes [--iterations N] [--repeats R] [--json PATH]``.
+Section 1 of ``python -m benchmarks``; also runnable alone:
+``python -m benchmarks.recipes [--iterations N] [--repeats R] [--json PATH]``.
 
-It starts its own standalone ZooKeeper (:class:`celery_zklock.testing.ZooKeeperServer` with its
-defaults: fsync on, container check every 300 ms), connects one kazoo client, and times one
-uncontended acquire+release cycle at a time, for:
+It uses a standalone ZooKeeper (fsync on, container check every 300 ms; see
+:mod:`benchmarks.common`) with one kazoo client, and a Redis server (no persistence) with one
+redis-py client, and times one uncontended acquire+release cycle at a time, for:
 
 ``floor``
     a bare ephemeral create + delete of one node under an existing parent: two writes, two round
@@ -12,10 +13,14 @@ uncontended acquire+release cycle at a time, for:
 ``mutex-fresh`` / ``mutex-reused``
     our :class:`~celery_zklock.Mutex` on a new key each cycle (``/bench/ours/r<rep>k<i>``: the
     key's container does not exist yet, as with per-argument task keys) and on one reused key.
-``rw-write-fresh`` / ``rw-read-fresh``
-    the write and read sides of our :class:`~celery_zklock.ReadWriteLock`, new key each cycle.
+``rw-write-fresh`` / ``rw-read-fresh`` (and ``-reused``)
+    the write and read sides of our :class:`~celery_zklock.ReadWriteLock`.
 ``kazoo-fresh`` / ``kazoo-reused``
     ``kazoo.recipe.lock.Lock`` on a new key each cycle and on one reused key.
+``redis-fresh`` / ``redis-reused``
+    ``redis.lock.Lock`` (SET NX PX, release by a Lua compare-and-delete) on a new key each cycle
+    and on one reused key. Redis runs without persistence (no fsync) while ZooKeeper fsyncs every
+    write, so this row shows what a non-durable lock costs here, not a like-for-like recipe.
 
 Every cycle builds its lock object anew (as a task does per call); the directories that hold the
 keys (``/bench/ours`` ...) exist beforehand as persistent nodes, like an application's lock root.
@@ -31,10 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
-import os
-import platform
-import re
 import statistics
 import sys
 import time
@@ -43,21 +44,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kazoo
+import redis
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock as KazooLock
 
+from benchmarks.common import (
+    MIN_REPEATS,
+    ZK_SETTINGS,
+    machine_info,
+    percentile,
+    redis_server,
+    zookeeper,
+)
 from celery_zklock import Mutex, ReadWriteLock
-from celery_zklock.testing import ZooKeeperServer
-from celery_zklock.testing.zookeeper import srvr
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "recipes.json"
 DEFAULT_ITERATIONS = 300
 DEFAULT_REPEATS = 5
-MIN_REPEATS = 5
 DEFAULT_WARMUP = 150
 #: The fresh-key mutex should cost at most this many times the floor (p50).
 TARGET_RATIO = 1.3
+#: ... and be at least this many times faster than kazoo's Lock on fresh keys (p50).
+TARGET_VS_KAZOO = 2.0
 #: Deadline of one acquire in a cycle; an uncontended acquire that takes this long is a failure.
 ACQUIRE_TIMEOUT_S = 10.0
 
@@ -65,15 +72,24 @@ Cycle = Callable[[int], None]
 
 
 @dataclass(frozen=True)
+class Clients:
+    """The connections a cycle may use."""
+
+    zk: KazooClient
+    redis: redis.Redis
+
+
+@dataclass(frozen=True)
 class Case:
-    """One contender: ``make(client, rep)`` returns the cycle to time for repetition ``rep``."""
+    """One contender: ``make(clients, rep)`` returns the cycle to time for repetition ``rep``."""
 
     name: str
     description: str
-    make: Callable[[KazooClient, str], Cycle]
+    make: Callable[[Clients, str], Cycle]
 
 
-def _floor(client: KazooClient, rep: str) -> Cycle:
+def _floor(clients: Clients, rep: str) -> Cycle:
+    client = clients.zk
     node = "/bench/floor/n"
 
     def cycle(_i: int) -> None:
@@ -83,8 +99,10 @@ def _floor(client: KazooClient, rep: str) -> Cycle:
     return cycle
 
 
-def _mutex(base: str, *, fresh: bool) -> Callable[[KazooClient, str], Cycle]:
-    def make(client: KazooClient, rep: str) -> Cycle:
+def _mutex(base: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
+    def make(clients: Clients, rep: str) -> Cycle:
+        client = clients.zk
+
         def cycle(i: int) -> None:
             path = f"{base}/r{rep}k{i}" if fresh else f"{base}/key"
             Mutex(client, path).acquire(timeout=ACQUIRE_TIMEOUT_S).release()
@@ -94,10 +112,12 @@ def _mutex(base: str, *, fresh: bool) -> Callable[[KazooClient, str], Cycle]:
     return make
 
 
-def _rw(base: str, side: str) -> Callable[[KazooClient, str], Cycle]:
-    def make(client: KazooClient, rep: str) -> Cycle:
+def _rw(base: str, side: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
+    def make(clients: Clients, rep: str) -> Cycle:
+        client = clients.zk
+
         def cycle(i: int) -> None:
-            lock = ReadWriteLock(client, f"{base}/r{rep}k{i}")
+            lock = ReadWriteLock(client, f"{base}/r{rep}k{i}" if fresh else f"{base}/key")
             (lock.write if side == "write" else lock.read).acquire(
                 timeout=ACQUIRE_TIMEOUT_S
             ).release()
@@ -107,8 +127,10 @@ def _rw(base: str, side: str) -> Callable[[KazooClient, str], Cycle]:
     return make
 
 
-def _kazoo(base: str, *, fresh: bool) -> Callable[[KazooClient, str], Cycle]:
-    def make(client: KazooClient, rep: str) -> Cycle:
+def _kazoo(base: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
+    def make(clients: Clients, rep: str) -> Cycle:
+        client = clients.zk
+
         def cycle(i: int) -> None:
             lock = KazooLock(client, f"{base}/r{rep}k{i}" if fresh else f"{base}/key")
             if not lock.acquire(timeout=ACQUIRE_TIMEOUT_S):
@@ -120,14 +142,52 @@ def _kazoo(base: str, *, fresh: bool) -> Callable[[KazooClient, str], Cycle]:
     return make
 
 
+def _redis(base: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
+    def make(clients: Clients, rep: str) -> Cycle:
+        client = clients.redis
+
+        def cycle(i: int) -> None:
+            name = f"{base}:r{rep}k{i}" if fresh else f"{base}:key"
+            lock = client.lock(name, timeout=60, blocking_timeout=ACQUIRE_TIMEOUT_S)
+            if not lock.acquire():
+                raise RuntimeError(f"redis-py Lock {name} was not acquired")
+            lock.release()
+
+        return cycle
+
+    return make
+
+
 CASES: tuple[Case, ...] = (
     Case("floor", "bare ephemeral create+delete, existing parent", _floor),
     Case("mutex-fresh", "our Mutex, new key each cycle", _mutex("/bench/ours", fresh=True)),
     Case("mutex-reused", "our Mutex, one reused key", _mutex("/bench/ours-reused", fresh=False)),
-    Case("rw-write-fresh", "our ReadWriteLock.write, new key", _rw("/bench/rw-write", "write")),
-    Case("rw-read-fresh", "our ReadWriteLock.read, new key", _rw("/bench/rw-read", "read")),
+    Case(
+        "rw-write-fresh",
+        "our ReadWriteLock.write, new key",
+        _rw("/bench/rw-write", "write", fresh=True),
+    ),
+    Case(
+        "rw-write-reused",
+        "our ReadWriteLock.write, one reused key",
+        _rw("/bench/rw-write-reused", "write", fresh=False),
+    ),
+    Case(
+        "rw-read-fresh",
+        "our ReadWriteLock.read, new key",
+        _rw("/bench/rw-read", "read", fresh=True),
+    ),
+    Case(
+        "rw-read-reused",
+        "our ReadWriteLock.read, one reused key",
+        _rw("/bench/rw-read-reused", "read", fresh=False),
+    ),
     Case("kazoo-fresh", "kazoo Lock, new key each cycle", _kazoo("/bench/kazoo", fresh=True)),
     Case("kazoo-reused", "kazoo Lock, one reused key", _kazoo("/bench/kazoo-reused", fresh=False)),
+    Case("redis-fresh", "redis-py Lock, new key each cycle", _redis("bench:redis", fresh=True)),
+    Case(
+        "redis-reused", "redis-py Lock, one reused key", _redis("bench:redis-reused", fresh=False)
+    ),
 )
 #: Persistent directories that hold the keys (an application's lock roots).
 ROOTS = (
@@ -135,7 +195,9 @@ ROOTS = (
     "/bench/ours",
     "/bench/ours-reused",
     "/bench/rw-write",
+    "/bench/rw-write-reused",
     "/bench/rw-read",
+    "/bench/rw-read-reused",
     "/bench/kazoo",
     "/bench/kazoo-reused",
 )
@@ -153,14 +215,6 @@ class Sample:
     ops_per_s: float
 
 
-def percentile(sorted_values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    rank = max(1, math.ceil(pct / 100.0 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 def run_batch(cycle: Cycle, iterations: int) -> Sample:
     """Time ``iterations`` cycles one after the other."""
     durations: list[int] = []
@@ -172,12 +226,12 @@ def run_batch(cycle: Cycle, iterations: int) -> Sample:
         cycle(i)
         durations.append(clock() - t0)
     total_ns = clock() - started
-    ms = sorted(d / 1e6 for d in durations)
+    ms = [d / 1e6 for d in durations]
     return Sample(percentile(ms, 50), percentile(ms, 99), iterations / (total_ns / 1e9))
 
 
 def run(
-    client: KazooClient,
+    clients: Clients,
     cases: Sequence[Case],
     iterations: int,
     repeats: int,
@@ -186,49 +240,25 @@ def run(
 ) -> dict[str, list[Sample]]:
     """Warm up, then ``repeats`` repetitions of every case; samples per case in rep order."""
     for root in ROOTS:
-        client.ensure_path(root)
+        clients.zk.ensure_path(root)
     if warmup:
-        progress(f"warm-up: {warmup} cycles per case")
+        progress(f"recipes: warm-up, {warmup} cycles per case")
         for case in cases:
-            run_batch(case.make(client, "w"), warmup)
+            run_batch(case.make(clients, "w"), warmup)
     samples: dict[str, list[Sample]] = {case.name: [] for case in cases}
     for rep in range(repeats):
         shift = rep % len(cases)
         order = list(cases[shift:]) + list(cases[:shift])
         started = time.monotonic()
         for case in order:
-            samples[case.name].append(run_batch(case.make(client, str(rep)), iterations))
+            samples[case.name].append(run_batch(case.make(clients, str(rep)), iterations))
         progress(
-            f"repetition {rep + 1}/{repeats} done in {time.monotonic() - started:.1f} s "
-            f"(order: {', '.join(c.name for c in order)})"
+            f"recipes: repetition {rep + 1}/{repeats} done in {time.monotonic() - started:.1f} s"
         )
     return samples
 
 
 # ----------------------------------------------------------------------------------- reporting
-
-
-def machine_info(zk_port: int) -> dict[str, Any]:
-    """nproc, CPU model, Python, kazoo and ZooKeeper versions."""
-    cpu_model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    answer = srvr(zk_port) or ""
-    version = re.search(r"^Zookeeper version: (.+)$", answer, re.MULTILINE)
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu_model,
-        "python": platform.python_version(),
-        "kazoo": getattr(kazoo, "__version__", "unknown"),
-        "zookeeper": version.group(1).strip() if version else "unknown",
-        "platform": platform.platform(),
-    }
 
 
 def summarize(cases: Sequence[Case], samples: dict[str, list[Sample]]) -> dict[str, dict[str, Any]]:
@@ -261,6 +291,7 @@ def summarize(cases: Sequence[Case], samples: dict[str, list[Sample]]) -> dict[s
 def headlines(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ours = summary["mutex-fresh"]
     theirs = summary["kazoo-fresh"]
+    faster = theirs["p50_ms"] / ours["p50_ms"]
     return {
         "mutex_fresh_p50_ms": ours["p50_ms"],
         "mutex_fresh_vs_floor": ours["p50_vs_floor"],
@@ -268,38 +299,68 @@ def headlines(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "meets_target": ours["p50_vs_floor"] <= TARGET_RATIO,
         "kazoo_fresh_p50_ms": theirs["p50_ms"],
         "kazoo_fresh_vs_floor": theirs["p50_vs_floor"],
-        "ours_faster_by": theirs["p50_ms"] / ours["p50_ms"],
+        "ours_faster_by": faster,
+        "target_vs_kazoo": TARGET_VS_KAZOO,
+        "meets_target_vs_kazoo": faster >= TARGET_VS_KAZOO,
     }
 
 
-def render(report: dict[str, Any]) -> str:
-    machine = report["machine"]
-    config = report["config"]
+def run_section(
+    zk_hosts: str,
+    redis_url: str,
+    *,
+    iterations: int,
+    repeats: int,
+    warmup: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Section 1 of ``python -m benchmarks``: every case, summarized, with the headlines."""
+    zk = KazooClient(hosts=zk_hosts, timeout=10.0)
+    zk.start(timeout=30)
+    red = redis.Redis.from_url(redis_url)
+    try:
+        samples = run(Clients(zk, red), CASES, iterations, repeats, warmup, progress)
+    finally:
+        zk.stop()
+        zk.close()
+        red.close()
+    summary = summarize(CASES, samples)
+    return {
+        "config": {
+            "iterations": iterations,
+            "repeats": repeats,
+            "warmup": warmup,
+            "clients": "one kazoo client, one redis-py client, one thread",
+        },
+        "cases": summary,
+        "headlines": headlines(summary),
+    }
+
+
+def render(section: dict[str, Any]) -> str:
+    config = section["config"]
     lines = [
-        f"machine: {machine['nproc']} CPUs ({machine['cpu_model']}), Python {machine['python']}, "
-        f"kazoo {machine['kazoo']}, ZooKeeper {machine['zookeeper']}",
-        f"config: standalone ZooKeeper, fsync on, one client; {config['iterations']} cycles x "
-        f"{config['repeats']} repetitions per case (+{config['warmup']} warm-up); "
-        "medians over repetitions",
+        f"{config['iterations']} cycles x {config['repeats']} repetitions per case "
+        f"(+{config['warmup']} warm-up); medians over repetitions",
         "",
         f"{'case':<16}{'p50 ms':>9}{'p99 ms':>9}{'ops/s':>9}{'p50/floor':>11}"
         f"{'(range)':>14}{'p99/floor':>11}",
     ]
-    for name, entry in report["cases"].items():
+    for name, entry in section["cases"].items():
         low, high = entry["p50_vs_floor_range"]
         lines.append(
             f"{name:<16}{entry['p50_ms']:>9.3f}{entry['p99_ms']:>9.3f}{entry['ops_per_s']:>9.0f}"
             f"{entry['p50_vs_floor']:>10.2f}x{f'{low:.2f}-{high:.2f}':>14}"
             f"{entry['p99_vs_floor']:>10.2f}x"
         )
-    head = report["headlines"]
+    head = section["headlines"]
     lines += [
         "",
         f"mutex fresh-key p50 = {head['mutex_fresh_p50_ms']:.3f} ms = "
         f"{head['mutex_fresh_vs_floor']:.2f} x floor (target <= {TARGET_RATIO}x)",
         f"kazoo Lock fresh-key p50 = {head['kazoo_fresh_p50_ms']:.3f} ms = "
         f"{head['kazoo_fresh_vs_floor']:.2f} x floor; "
-        f"ours is {head['ours_faster_by']:.2f} x faster",
+        f"ours is {head['ours_faster_by']:.2f} x faster (target >= {TARGET_VS_KAZOO}x)",
     ]
     return "\n".join(lines)
 
@@ -310,8 +371,9 @@ def render(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.recipes",
-        description="Acquire+release latency of our lock recipes vs a bare create+delete "
-        "and kazoo's Lock, on a private standalone ZooKeeper (fsync on).",
+        description="Acquire+release latency of our lock recipes vs a bare create+delete, "
+        "kazoo's Lock and redis-py's Lock, on a private standalone ZooKeeper (fsync on) and "
+        "Redis. The whole suite is `python -m benchmarks`.",
     )
     parser.add_argument(
         "--iterations",
@@ -332,10 +394,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"warm-up cycles per case, not recorded (default {DEFAULT_WARMUP})",
     )
     parser.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        help="where to write the results (default benchmarks/results/recipes.json)",
+        "--json", type=Path, default=None, help="also write the results as JSON to this file"
     )
     args = parser.parse_args(argv)
     if args.iterations < 1:
@@ -354,35 +413,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     started = time.monotonic()
-    with ZooKeeperServer() as server:
-        client = KazooClient(hosts=server.hosts)
-        client.start(timeout=15)
-        try:
-            machine = machine_info(server.port)
-            samples = run(client, CASES, args.iterations, args.repeats, args.warmup, progress)
-        finally:
-            client.stop()
-            client.close()
-    summary = summarize(CASES, samples)
+    with zookeeper() as zk, redis_server() as red:
+        redis_version = str(redis.Redis.from_url(red.url).info("server").get("redis_version"))
+        machine = machine_info(zk.port, redis_version)
+        section = run_section(
+            zk.hosts,
+            red.url,
+            iterations=args.iterations,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            progress=progress,
+        )
     report: dict[str, Any] = {
         "benchmark": "recipes",
         "machine": machine,
-        "config": {
-            "iterations": args.iterations,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "zookeeper": "standalone, ZooKeeperServer defaults (fsync on)",
-            "statistic": "median over repetitions of per-repetition p50/p99 (nearest rank) "
-            "and ops/s; ratios are ratios of those medians",
-        },
-        "cases": summary,
-        "headlines": headlines(summary),
+        "zookeeper_settings": ZK_SETTINGS,
+        **section,
         "wall_s": time.monotonic() - started,
     }
     print(render(report))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwritten to {args.json} (wall {report['wall_s']:.1f} s)")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"\nwritten to {args.json}")
+    print(f"wall {report['wall_s']:.1f} s")
     return 0
 
 

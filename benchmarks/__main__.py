@@ -1,0 +1,225 @@
+"""``python -m benchmarks [--quick]``: the whole benchmark suite on a local stack it starts itself.
+
+Sections (each in its own module, each on a fresh standalone ZooKeeper with the same settings,
+all on one Redis; see :mod:`benchmarks.common`):
+
+1. :mod:`benchmarks.recipes` - uncontended acquire+release: floor, our recipes, kazoo, redis-py;
+2. :mod:`benchmarks.contention` - 8 and 32 processes on one key, ours vs kazoo's Lock;
+3. :mod:`benchmarks.herd` - notifications per release with 100/500/1,000 waiters, ours vs naive;
+4. :mod:`benchmarks.celery_fleet` - no-op task throughput on a real worker;
+5. :mod:`benchmarks.scale` - 100,000 distinct keys, znodes left, ZooKeeper memory.
+
+It writes ``benchmarks/results/latest.json`` (every figure, every repetition, the machine) and
+``benchmarks/results/latest.md`` (the tables, the targets first), and prints the Markdown. A
+section that fails is reported as failed and the others still run; the exit status is then 1.
+``--quick`` runs every section with small sizes (under two minutes) to check the suite works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks import celery_fleet, contention, herd, recipes, scale
+from benchmarks.common import (
+    MIN_REPEATS,
+    ZK_SETTINGS,
+    machine_info,
+    progress,
+    redis_server,
+    zookeeper,
+)
+from benchmarks.report import render_markdown, targets
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("recipes", "contention", "herd", "celery", "scale")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each section runs."""
+
+    repeats: int = 5
+    recipe_iterations: int = 300
+    recipe_warmup: int = 150
+    contention_processes: tuple[int, ...] = (8, 32)
+    contention_seconds: float = 5.0
+    herd_waiters: tuple[int, ...] = (100, 500, 1000)
+    herd_releases: int = 10
+    herd_processes: int = 8
+    celery_batch: int = 1000
+    celery_warmup: int = 100
+    scale_keys: int = 100_000
+    scale_processes: int = 8
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    recipe_iterations=30,
+    recipe_warmup=10,
+    contention_processes=(4, 8),
+    contention_seconds=0.5,
+    herd_waiters=(20, 50),
+    herd_releases=5,
+    herd_processes=2,
+    celery_batch=50,
+    celery_warmup=10,
+    scale_keys=1000,
+    scale_processes=4,
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Side-by-side benchmarks of celery-zklock on a local ZooKeeper and Redis "
+        "started for the run: recipes, contention, herd, Celery task throughput, scale.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, under two minutes (a smoke run)"
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"repetitions per figure, at least {MIN_REPEATS} (default 5)",
+    )
+    parser.add_argument(
+        "--scale-keys", type=int, default=None, help="distinct keys in the scale section"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON"
+    )
+    parser.add_argument(
+        "--md", type=Path, default=RESULTS / "latest.md", help="where to write the Markdown"
+    )
+    args = parser.parse_args(argv)
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        parser.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
+    args.sections = [s for s in SECTIONS if s in chosen]
+    if args.repeats is not None and args.repeats < MIN_REPEATS:
+        parser.error(f"--repeats must be at least {MIN_REPEATS} (medians over repetitions)")
+    if args.scale_keys is not None and args.scale_keys < 1:
+        parser.error("--scale-keys must be at least 1")
+    return args
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    sizes = QUICK if args.quick else FULL
+    if args.repeats is not None:
+        sizes = replace(sizes, repeats=args.repeats)
+    if args.scale_keys is not None:
+        sizes = replace(sizes, scale_keys=args.scale_keys)
+    return sizes
+
+
+def _run_sections(
+    names: Sequence[str], sizes: Sizes, redis_url: str, sections: dict[str, Any]
+) -> None:
+    runners: dict[str, Callable[[Any], dict[str, Any]]] = {
+        "recipes": lambda zk: recipes.run_section(
+            zk.hosts,
+            redis_url,
+            iterations=sizes.recipe_iterations,
+            repeats=sizes.repeats,
+            warmup=sizes.recipe_warmup,
+            progress=progress,
+        ),
+        "contention": lambda zk: contention.run_section(
+            zk,
+            process_counts=sizes.contention_processes,
+            duration=sizes.contention_seconds,
+            repeats=sizes.repeats,
+            progress=progress,
+        ),
+        "herd": lambda zk: herd.run_section(
+            zk,
+            waiter_counts=sizes.herd_waiters,
+            releases=sizes.herd_releases,
+            repeats=sizes.repeats,
+            processes=sizes.herd_processes,
+            progress=progress,
+        ),
+        "celery": lambda zk: celery_fleet.run_section(
+            zk.hosts,
+            redis_url,
+            batch=sizes.celery_batch,
+            warmup=sizes.celery_warmup,
+            repeats=sizes.repeats,
+            progress=progress,
+        ),
+        "scale": lambda zk: scale.run_section(
+            zk, keys=sizes.scale_keys, processes=sizes.scale_processes, progress=progress
+        ),
+    }
+    for name in names:
+        progress(f"=== section {name}")
+        started = time.monotonic()
+        try:
+            with zookeeper() as zk:
+                sections[name] = runners[name](zk)
+        except Exception:
+            text = traceback.format_exc()
+            progress(f"section {name} FAILED:\n{text}")
+            sections[name] = {"error": text}
+        sections[name]["wall_s"] = time.monotonic() - started
+        progress(f"=== section {name} took {sections[name]['wall_s']:.0f} s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = _sizes(args)
+    started = time.monotonic()
+    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m benchmarks" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+    sections: dict[str, Any] = {}
+    with redis_server() as red:
+        client = redis.Redis.from_url(red.url)
+        redis_version = str(client.info("server").get("redis_version"))
+        client.close()
+        with zookeeper() as zk:
+            machine = machine_info(zk.port, redis_version)
+        _run_sections(args.sections, sizes, red.url, sections)
+    report: dict[str, Any] = {
+        "benchmark": "celery-zklock",
+        "command": command,
+        "mode": "quick" if args.quick else "full",
+        "started_at": started_at,
+        "wall_s": time.monotonic() - started,
+        "machine": machine,
+        "zookeeper_settings": ZK_SETTINGS,
+        "sizes": asdict(sizes),
+        "sections": sections,
+        "targets": targets(sections, quick=args.quick),
+    }
+    markdown = render_markdown(report)
+    for path in (args.json, args.md):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    args.md.write_text(markdown, encoding="utf-8")
+    print(markdown)
+    print(f"written: {args.json}, {args.md} (wall {report['wall_s'] / 60:.1f} min)")
+    failed = [name for name, section in sections.items() if "error" in section]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,350 @@
+"""What every benchmark section shares: statistics, the local stack, ZooKeeper probes, processes.
+
+Statistics: per repetition a benchmark computes its figure (a p50, a rate, a count); the report
+shows the median over repetitions (at least :data:`MIN_REPEATS`), and ratios are ratios of
+those medians, measured in the same run on the same machine.
+
+The stack: one Redis for the whole run, and a fresh standalone ZooKeeper per section, every one
+with the same settings (:data:`ZK_SETTINGS`: the project's test defaults, fsync on), so one
+section's left-over sessions, watches or heap never weigh on the next.
+
+Processes: the contention, herd and scale sections run their contenders in worker processes
+started through a ``forkserver`` (:func:`mp_context`): each worker is forked from a clean server
+process that already imported kazoo and the recipes, so no kazoo client ever crosses a fork and
+starting 32 workers costs little.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import multiprocessing.context
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from celery_zklock.testing import RedisServer, ZooKeeperServer
+from celery_zklock.testing.zookeeper import srvr
+
+MIN_REPEATS = 5
+#: Settings of every ZooKeeper the benchmark starts (ZooKeeperServer's defaults, spelt out).
+ZK_SETTINGS: dict[str, Any] = {
+    "force_sync": True,
+    "tick_time_ms": 200,
+    "container_check_interval_ms": 300,
+    "container_max_per_minute": 1_000_000,
+    "max_session_timeout_ms": 60_000,
+}
+#: Modules the forkserver imports once, so forked workers start with them loaded.
+PRELOAD = (
+    "kazoo.client",
+    "kazoo.recipe.lock",
+    "celery_zklock",
+    "benchmarks.common",
+    "benchmarks.naive",
+    "benchmarks.contention",
+    "benchmarks.herd",
+    "benchmarks.scale",
+)
+
+Progress = Callable[[str], None]
+
+
+def progress(message: str) -> None:
+    """Print a progress line to stderr with the time since the run began."""
+    print(f"[{time.monotonic() - _STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+_STARTED = time.monotonic()
+
+
+# ---------------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (``values`` need not be sorted)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    """Median of the values that are not None; None if there are none."""
+    present = [v for v in values if v is not None]
+    return median(present) if present else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def rotated(items: Sequence[Any], rep: int) -> list[Any]:
+    """``items`` rotated by ``rep``: each repetition starts with another contender."""
+    if not items:
+        return []
+    shift = rep % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+# ------------------------------------------------------------------------------------ the stack
+
+
+@contextmanager
+def zookeeper() -> Iterator[ZooKeeperServer]:
+    """A fresh standalone ZooKeeper with :data:`ZK_SETTINGS`, stopped on exit."""
+    server = ZooKeeperServer(**ZK_SETTINGS)
+    server.start(timeout=60)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start(timeout=30)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def four_letter(port: int, word: str, timeout: float = 5.0) -> str:
+    """Send a ZooKeeper four-letter word to 127.0.0.1:``port``; the answer ("" if none)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(word.encode("ascii"))
+            chunks: list[bytes] = []
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except OSError:
+        return ""
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def mntr(port: int) -> dict[str, str]:
+    """ZooKeeper's ``mntr`` answer as a dict (``zk_watch_count``, ``zk_znode_count``, ...)."""
+    values: dict[str, str] = {}
+    for line in four_letter(port, "mntr").splitlines():
+        key, _, value = line.partition("\t")
+        if key:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def watch_count(port: int) -> int:
+    """Watches the server holds over all sessions, data and child ones; -1 if unknown.
+
+    From ``mntr`` ``zk_watch_count``: ``wchs`` counts data watches only.
+    """
+    value = mntr(port).get("zk_watch_count")
+    return int(value) if value is not None else -1
+
+
+#: ``mntr`` counters of watches the server fired, by event type (ZooKeeper >= 3.6).
+FIRED_WATCH_COUNTERS = (
+    "zk_sum_node_created_watch_count",
+    "zk_sum_node_deleted_watch_count",
+    "zk_sum_node_changed_watch_count",
+    "zk_sum_node_children_watch_count",
+)
+
+
+def fired_watches(port: int) -> int:
+    """Watches the server has fired so far, all types together (-1 if unknown)."""
+    values = mntr(port)
+    if not all(name in values for name in FIRED_WATCH_COUNTERS):
+        return -1
+    return sum(int(values[name]) for name in FIRED_WATCH_COUNTERS)
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    """Resident set size of process ``pid`` (``VmRSS`` in /proc), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------------- processes
+
+_context: multiprocessing.context.ForkServerContext | None = None
+
+
+def mp_context() -> multiprocessing.context.ForkServerContext:
+    """The forkserver context every worker process of the benchmark is started from."""
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(list(PRELOAD))
+    return _context
+
+
+class WorkerError(RuntimeError):
+    """A benchmark worker process reported an exception (its traceback is the message)."""
+
+
+@dataclass
+class Worker:
+    """One worker process and the parent's end of its command pipe."""
+
+    process: multiprocessing.process.BaseProcess
+    conn: Any
+
+    def send(self, *command: Any) -> None:
+        self.conn.send(command)
+
+    def reply(self, timeout: float) -> Any:
+        """The worker's next answer; raises WorkerError for an error answer or no answer."""
+        if not self.conn.poll(timeout):
+            raise WorkerError(
+                f"worker pid {self.process.pid} did not answer within {timeout:.0f} s "
+                f"(alive: {self.process.is_alive()})"
+            )
+        kind, payload = self.conn.recv()
+        if kind == "error":
+            raise WorkerError(f"worker pid {self.process.pid} failed:\n{payload}")
+        return payload
+
+    def stop(self, *, tell: bool = True) -> None:
+        """Ask the worker to quit (unless told already), wait for it, kill it if it lingers."""
+        if tell:
+            with suppress(OSError, ValueError):
+                self.send("quit")
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+
+
+def start_workers(
+    target: Callable[..., None], args_for: Sequence[tuple[Any, ...]], ready_timeout: float
+) -> list[Worker]:
+    """Start one process per ``args_for`` entry running ``target(conn, *args)``; wait for each
+    to answer ready (its first message)."""
+    ctx = mp_context()
+    workers: list[Worker] = []
+    try:
+        for args in args_for:
+            parent_end, child_end = ctx.Pipe()
+            process = ctx.Process(target=target, args=(child_end, *args), daemon=True)
+            process.start()
+            child_end.close()
+            workers.append(Worker(process, parent_end))
+        for worker in workers:
+            worker.reply(ready_timeout)
+    except BaseException:
+        stop_workers(workers)
+        raise
+    return workers
+
+
+def stop_workers(workers: Sequence[Worker]) -> None:
+    for worker in workers:
+        with suppress(OSError, ValueError):
+            worker.send("quit")
+    for worker in workers:
+        worker.stop(tell=False)
+
+
+def broadcast(workers: Sequence[Worker], command: tuple[Any, ...], timeout: float) -> list[Any]:
+    """Send ``command`` to every worker, then collect every answer (in worker order)."""
+    for worker in workers:
+        worker.send(*command)
+    return [worker.reply(timeout) for worker in workers]
+
+
+# ------------------------------------------------------------------------------- the machine
+
+
+def _command_output(argv: Sequence[str]) -> str:
+    """What a command prints (stdout and stderr), or "" if it cannot run."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (done.stdout + done.stderr).strip()
+
+
+def machine_info(zk_port: int, redis_version: str | None) -> dict[str, Any]:
+    """nproc, CPU model, RAM, load, Python, library and server versions."""
+    cpu_model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_total = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    mem_total = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    answer = srvr(zk_port) or ""
+    # Debian's build prints "3.8.0-${mvngit.commit.id}, built on ...": keep the release.
+    version = re.search(r"^Zookeeper version: ([0-9][0-9A-Za-z.]*)", answer, re.MULTILINE)
+    versions: dict[str, str] = {}
+    for module in ("kazoo", "celery", "redis", "billiard", "kombu"):
+        try:
+            from importlib.metadata import version as dist_version
+
+            versions[module] = dist_version(module)
+        except Exception:
+            versions[module] = "unknown"
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "zookeeper_package": _command_output(["dpkg-query", "-W", "-f=${Version}", "zookeeper"]),
+        "java": (_command_output(["java", "-version"]).splitlines() or ["unknown"])[0],
+        "cpu_model": cpu_model,
+        "ram_gib": round(mem_total / 2**30, 1) if mem_total else None,
+        "loadavg_at_start": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "zookeeper": version.group(1).strip() if version else "unknown",
+        "redis_server": redis_version or "unknown",
+        "platform": platform.platform(),
+        **{f"{name}_version": value for name, value in versions.items()},
+    }

@@ -1,0 +1,210 @@
+"""Contention: many processes on one key; grants per second and handoff latency, ours vs kazoo.
+
+Section 2 of ``python -m benchmarks``.
+
+``n`` worker processes (one kazoo client, so one ZooKeeper session, each) are started once per
+``n`` and kept for every repetition and recipe. One run: the parent picks a start time a moment
+ahead and a stop time ``duration`` later; every worker sleeps until the start, then loops
+acquire -> note the grant time -> note the release time -> release, until the stop time, on one
+new key per run (``Mutex`` of ours, or ``kazoo.recipe.lock.Lock``; hold time zero).
+
+Times are ``time.monotonic()``, which is ``CLOCK_MONOTONIC`` on Linux: one clock for every
+process on the machine, so times noted by different processes compare directly. The parent
+merges all (grant, release) pairs and sorts them by grant time:
+
+- grants per second: grants whose grant time lies in [start, stop], over ``duration``;
+- handoff latency: for consecutive grants, the next grant time minus the previous holder's
+  release time (noted just before it called ``release``): the delete, the notification of the
+  next waiter and its look at the queue. Mean and p99 (nearest rank) per run;
+- overlaps: a next grant before the previous release; always 0 for a correct lock (a check).
+
+The report shows medians over repetitions; the recipes alternate within each repetition, in
+an order rotated per repetition. A short warm-up run per recipe is not recorded.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.recipe.lock import Lock as KazooLock
+
+from benchmarks.common import (
+    Progress,
+    Worker,
+    broadcast,
+    median,
+    median_or_none,
+    percentile,
+    rotated,
+    start_workers,
+    stop_workers,
+)
+from celery_zklock import Mutex
+from celery_zklock.testing import ZooKeeperServer
+
+RECIPES = ("ours", "kazoo")
+ROOT = "/bench/contention"
+SESSION_TIMEOUT_S = 30.0
+#: Seconds between the parent's "go" and the start time: every worker is asleep by then.
+START_DELAY_S = 0.5
+WARMUP_S = 0.5
+
+
+def _locker(client: KazooClient, recipe: str, path: str) -> tuple[Callable[[float], Any], Any]:
+    """(acquire(timeout) -> handle, release(handle)) for one recipe on ``path``."""
+    if recipe == "ours":
+        mutex = Mutex(client, path)
+
+        def acquire_ours(timeout: float) -> Any:
+            return mutex.acquire(timeout=timeout)
+
+        def release_ours(lease: Any) -> None:
+            lease.release()
+
+        return acquire_ours, release_ours
+    lock = KazooLock(client, path)
+
+    def acquire_kazoo(timeout: float) -> Any:
+        if not lock.acquire(timeout=timeout):
+            raise RuntimeError(f"kazoo Lock {path}: not acquired within {timeout:.0f} s")
+        return lock
+
+    def release_kazoo(held: Any) -> None:
+        held.release()
+
+    return acquire_kazoo, release_kazoo
+
+
+def _contend(
+    client: KazooClient, recipe: str, path: str, start_at: float, stop_at: float
+) -> list[tuple[float, float]]:
+    acquire, release = _locker(client, recipe, path)
+    clock = time.monotonic
+    pairs: list[tuple[float, float]] = []
+    while clock() < start_at:
+        time.sleep(min(0.01, max(0.0, start_at - clock())))
+    while True:
+        now = clock()
+        if now >= stop_at:
+            break
+        held = acquire(stop_at - now + 60.0)
+        granted = clock()
+        released = clock()
+        release(held)
+        pairs.append((granted, released))
+    return pairs
+
+
+def _worker(conn: Any, hosts: str) -> None:
+    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT_S)
+    try:
+        client.start(timeout=120)
+        conn.send(("ok", None))
+        while True:
+            command = conn.recv()
+            if command[0] == "quit":
+                break
+            try:
+                _, recipe, path, start_at, stop_at = command
+                conn.send(("ok", _contend(client, recipe, path, start_at, stop_at)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        client.stop()
+        client.close()
+
+
+def _analyse(
+    pairs: Sequence[tuple[float, float]], start_at: float, stop_at: float
+) -> dict[str, Any]:
+    ordered = sorted(pairs)
+    inside = [p for p in ordered if start_at <= p[0] <= stop_at]
+    handoffs_ms: list[float] = []
+    overlaps = 0
+    for (_, released), (granted, _) in pairwise(ordered):
+        if granted < released:
+            overlaps += 1
+        if start_at <= granted <= stop_at:
+            handoffs_ms.append((granted - released) * 1000.0)
+    return {
+        "grants": len(inside),
+        "grants_per_s": len(inside) / (stop_at - start_at),
+        "handoff_mean_ms": sum(handoffs_ms) / len(handoffs_ms) if handoffs_ms else None,
+        "handoff_p99_ms": percentile(handoffs_ms, 99) if handoffs_ms else None,
+        "overlaps": overlaps,
+    }
+
+
+def _one_run(workers: Sequence[Worker], recipe: str, path: str, duration: float) -> dict[str, Any]:
+    start_at = time.monotonic() + START_DELAY_S
+    stop_at = start_at + duration
+    answers = broadcast(workers, ("run", recipe, path, start_at, stop_at), timeout=duration + 300)
+    pairs = [pair for answer in answers for pair in answer]
+    return _analyse(pairs, start_at, stop_at)
+
+
+def run_section(
+    server: ZooKeeperServer,
+    *,
+    process_counts: Sequence[int],
+    duration: float,
+    repeats: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Section 2: for each process count, ``repeats`` runs of each recipe."""
+    admin = KazooClient(hosts=server.hosts, timeout=SESSION_TIMEOUT_S)
+    admin.start(timeout=60)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for recipe in RECIPES:
+            admin.ensure_path(f"{ROOT}/{recipe}")
+        for count in process_counts:
+            progress(f"contention: starting {count} processes")
+            workers = start_workers(_worker, [(server.hosts,)] * count, ready_timeout=300)
+            try:
+                for recipe in RECIPES:
+                    _one_run(workers, recipe, f"{ROOT}/{recipe}/n{count}w", WARMUP_S)
+                samples: dict[str, list[dict[str, Any]]] = {recipe: [] for recipe in RECIPES}
+                for rep in range(repeats):
+                    for recipe in rotated(RECIPES, rep):
+                        path = f"{ROOT}/{recipe}/n{count}r{rep}"
+                        sample = _one_run(workers, recipe, path, duration)
+                        samples[recipe].append(sample)
+                        progress(
+                            f"contention: n={count} {recipe} rep {rep + 1}/{repeats}: "
+                            f"{sample['grants_per_s']:.0f} grants/s, handoff mean "
+                            f"{sample['handoff_mean_ms'] or float('nan'):.2f} ms, p99 "
+                            f"{sample['handoff_p99_ms'] or float('nan'):.2f} ms"
+                        )
+            finally:
+                stop_workers(workers)
+            results[str(count)] = {
+                recipe: {
+                    "grants_per_s": median([s["grants_per_s"] for s in runs]),
+                    "handoff_mean_ms": median_or_none([s["handoff_mean_ms"] for s in runs]),
+                    "handoff_p99_ms": median_or_none([s["handoff_p99_ms"] for s in runs]),
+                    "overlaps": sum(s["overlaps"] for s in runs),
+                    "per_repeat": runs,
+                }
+                for recipe, runs in samples.items()
+            }
+    finally:
+        admin.stop()
+        admin.close()
+    return {
+        "config": {
+            "process_counts": list(process_counts),
+            "duration_s": duration,
+            "repeats": repeats,
+            "hold": "none (acquire, note times, release)",
+            "clock": "time.monotonic (CLOCK_MONOTONIC, shared by all processes)",
+        },
+        "results": results,
+    }

@@ -1,0 +1,411 @@
+"""Targets and the Markdown report of ``python -m benchmarks``.
+
+:func:`targets` checks every target of the suite against the measured medians (a target whose
+contender was not measured is ``n/a``, never "met"); :func:`render_markdown` writes the tables:
+the targets first, then one table per section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.celery_fleet import TARGET_VS_PLAIN
+from benchmarks.herd import TARGET_PER_RELEASE
+from benchmarks.recipes import TARGET_RATIO, TARGET_VS_KAZOO
+
+MET = "yes"
+MISSED = "**no**"
+NOT_APPLICABLE = "n/a"
+
+
+def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def _target(
+    section: str, text: str, measured: str, met: bool | None, note: str = ""
+) -> dict[str, Any]:
+    return {
+        "section": section,
+        "target": text,
+        "measured": measured,
+        "met": met,
+        "note": note,
+    }
+
+
+def _recipes_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    head = section["headlines"]
+    return [
+        _target(
+            "1",
+            f"Mutex fresh-key cycle within {TARGET_RATIO}x of the floor (p50)",
+            f"{head['mutex_fresh_p50_ms']:.3f} ms = {head['mutex_fresh_vs_floor']:.2f}x floor",
+            bool(head["meets_target"]),
+        ),
+        _target(
+            "1",
+            f"Mutex fresh-key >= {TARGET_VS_KAZOO:g}x faster than kazoo's Lock (p50)",
+            f"{head['ours_faster_by']:.2f}x ({head['kazoo_fresh_p50_ms']:.3f} ms vs "
+            f"{head['mutex_fresh_p50_ms']:.3f} ms)",
+            bool(head["meets_target_vs_kazoo"]),
+        ),
+    ]
+
+
+def _contention_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for count, entry in section["results"].items():
+        ours, kazoo = entry["ours"], entry["kazoo"]
+        rows.append(
+            _target(
+                "2",
+                f"{count} processes: grants/s >= kazoo's",
+                f"{ours['grants_per_s']:.0f} vs {kazoo['grants_per_s']:.0f} "
+                f"({ours['grants_per_s'] / kazoo['grants_per_s']:.2f}x)",
+                ours["grants_per_s"] >= kazoo["grants_per_s"],
+            )
+        )
+        p99_ours, p99_kazoo = ours["handoff_p99_ms"], kazoo["handoff_p99_ms"]
+        rows.append(
+            _target(
+                "2",
+                f"{count} processes: handoff p99 no worse than kazoo's",
+                f"{_fmt(p99_ours)} ms vs {_fmt(p99_kazoo)} ms",
+                None if p99_ours is None or p99_kazoo is None else p99_ours <= p99_kazoo,
+            )
+        )
+    return rows
+
+
+def _herd_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for count, entry in section["results"].items():
+        ours = entry["ours"]
+        values = sorted({run["per_release"] for run in ours["per_repeat"]})
+        exact = all(
+            run["per_release"] == TARGET_PER_RELEASE and not run["problems"]
+            for run in ours["per_repeat"]
+        )
+        rows.append(
+            _target(
+                "3",
+                f"{count} waiters: exactly 1 notification per release (ours, every repetition)",
+                f"{', '.join(f'{v:g}' for v in values)} (max {ours['max_per_session']} per "
+                f"session; naive: {entry['naive']['per_release']:.1f})",
+                exact,
+            )
+        )
+    return rows
+
+
+def _celery_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    results = section["results"]
+    plain = results["plain"]["tasks_per_s"]
+    singleton = results["celery-singleton"]
+    rows: list[dict[str, Any]] = []
+    for label in ("zklock-skip", "zklock-wait"):
+        ours = results[label]
+        rate = ours["tasks_per_s"]
+        rows.append(
+            _target(
+                "4",
+                f"{label} no-op throughput >= {TARGET_VS_PLAIN}x plain task",
+                f"{_fmt(rate, 0)}/s vs {_fmt(plain, 0)}/s = {_fmt(ours['vs_plain'])}x",
+                None if ours["vs_plain"] is None else ours["vs_plain"] >= TARGET_VS_PLAIN,
+            )
+        )
+        other = singleton["tasks_per_s"]
+        rows.append(
+            _target(
+                "4",
+                f"{label} no-op throughput not below celery-singleton",
+                f"{_fmt(rate, 0)}/s vs {_fmt(other, 0)}/s"
+                + ("" if other is not None else f" ({singleton['status']})"),
+                None if rate is None or other is None else rate >= other,
+            )
+        )
+    return rows
+
+
+def _scale_targets(section: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
+    ours = section["ours"]
+    keys = ours["keys"]
+    return [
+        _target(
+            "5",
+            f"0 znodes left under the root after {keys:,} distinct keys"
+            + (" (scaled down: --quick)" if quick else ""),
+            f"{ours['children_left']} left (after {ours['reap_wait_s']:.1f} s of container "
+            f"reaping; {ours['children_right_after']} right after the last release)",
+            ours["children_left"] == 0,
+        )
+    ]
+
+
+def targets(sections: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
+    """Every target against the measured figures; a failed section's targets are ``n/a``."""
+    checks = (
+        ("recipes", _recipes_targets),
+        ("contention", _contention_targets),
+        ("herd", _herd_targets),
+        ("celery", _celery_targets),
+    )
+    rows: list[dict[str, Any]] = []
+    for name, check in checks:
+        section = sections.get(name)
+        if section is None:
+            continue
+        if "error" in section:
+            rows.append(_target(name, f"section {name}", "failed (see below)", None))
+            continue
+        rows += check(section)
+    scale = sections.get("scale")
+    if scale is not None:
+        if "error" in scale:
+            rows.append(_target("5", "section scale", "failed (see below)", None))
+        else:
+            rows += _scale_targets(scale, quick)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ markdown
+
+
+def _met(value: bool | None) -> str:
+    return NOT_APPLICABLE if value is None else MET if value else MISSED
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _recipes_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    rows = [
+        [
+            f"`{name}`",
+            entry["description"],
+            _fmt(entry["p50_ms"], 3),
+            _fmt(entry["p99_ms"], 3),
+            _fmt(entry["ops_per_s"], 0),
+            _fmt(entry["p50_vs_floor"]) + "x",
+            _fmt(entry["p99_vs_floor"]) + "x",
+        ]
+        for name, entry in section["cases"].items()
+    ]
+    return [
+        f"{config['iterations']} cycles x {config['repeats']} repetitions per case, one client, "
+        "one thread; medians over repetitions.",
+        "",
+        *_table(["case", "what", "p50 ms", "p99 ms", "ops/s", "p50 / floor", "p99 / floor"], rows),
+    ]
+
+
+def _contention_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    rows: list[list[str]] = []
+    for count, entry in section["results"].items():
+        kazoo = entry["kazoo"]
+        for recipe in ("ours", "kazoo"):
+            data = entry[recipe]
+            rows.append(
+                [
+                    count,
+                    "our Mutex" if recipe == "ours" else "kazoo Lock",
+                    _fmt(data["grants_per_s"], 0),
+                    _fmt(data["grants_per_s"] / kazoo["grants_per_s"]) + "x",
+                    _fmt(data["handoff_mean_ms"]),
+                    _fmt(data["handoff_p99_ms"]),
+                    str(data["overlaps"]),
+                ]
+            )
+    return [
+        f"One key, each process its own session, hold time 0, {config['duration_s']:g} s per run, "
+        f"{config['repeats']} repetitions; handoff = next grant - previous release "
+        "(CLOCK_MONOTONIC, one clock for all processes); medians over repetitions.",
+        "",
+        *_table(
+            [
+                "processes",
+                "recipe",
+                "grants/s",
+                "vs kazoo",
+                "handoff mean ms",
+                "handoff p99 ms",
+                "overlaps",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _herd_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    rows: list[list[str]] = []
+    for count, entry in section["results"].items():
+        for recipe in ("ours", "naive"):
+            data = entry[recipe]
+            fired = [r["server_fired"] for r in data["per_repeat"] if r["server_fired"] is not None]
+            problems = sum(len(r["problems"]) for r in data["per_repeat"])
+            rows.append(
+                [
+                    count,
+                    "our Mutex" if recipe == "ours" else "naive (watch the parent)",
+                    _fmt(data["per_release"]),
+                    str(data["max_per_session"]),
+                    str(data["releases_per_run"]),
+                    _fmt(sum(fired) / len(fired) / data["releases_per_run"]) if fired else "-",
+                    str(problems),
+                ]
+            )
+    return [
+        f"{config['sessions']:,} sessions in {config['processes']} processes; per run "
+        f"{config['releases_per_run']} releases measured (fewer if fewer waiters), each paced "
+        "until every queued waiter's watch is armed again; "
+        f"{config['repeats']} repetitions; medians over repetitions. Counted by each waiter "
+        "session (watch events read off its socket); the server's own count of fired watches "
+        "is shown as a cross-check.",
+        "",
+        *_table(
+            [
+                "waiters",
+                "recipe",
+                "notifications / release",
+                "max per session",
+                "releases per run",
+                "server-fired / release",
+                "problems",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _celery_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    rows = [
+        [
+            f"`{label}`",
+            _fmt(entry["tasks_per_s"], 0),
+            _fmt(entry["vs_plain"]) + ("x" if entry["vs_plain"] is not None else ""),
+            entry["status"].replace("|", "/"),
+        ]
+        for label, entry in section["results"].items()
+    ]
+    return [
+        f"{config['worker']}; batches of {config['batch']:,} no-op tasks with distinct keys, "
+        f"{config['repeats']} repetitions; tasks/s = batch / (last result - first send); "
+        "medians over repetitions.",
+        "",
+        *_table(["task", "tasks/s", "vs plain", "status"], rows),
+    ]
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def _scale_md(section: dict[str, Any]) -> list[str]:
+    rows: list[list[str]] = []
+    for recipe, label in (("ours", "our Mutex"), ("kazoo", "kazoo Lock")):
+        data = section[recipe]
+        before, right, after = (
+            data["server_before"],
+            data["server_right_after"],
+            data["server_after"],
+        )
+        rows.append(
+            [
+                label,
+                f"{data['keys']:,}",
+                _fmt(data["keys_per_s"], 0),
+                f"{data['children_right_after']:,}",
+                f"{data['children_left']:,}",
+                _fmt(data["reap_wait_s"], 1),
+                f"{before['znode_count']:,} / {after['znode_count']:,}",
+                f"{before['approximate_data_size']:,} / {after['approximate_data_size']:,} B",
+                f"{_mib(before['rss_bytes'])} / {_mib(right['rss_bytes'])} / "
+                f"{_mib(after['rss_bytes'])}",
+            ]
+        )
+    config = section["config"]
+    return [
+        f"{config['processes']} processes, one session each, distinct keys; one pass. kazoo's "
+        "Lock on a tenth of the keys, for contrast (its parents are persistent).",
+        "",
+        *_table(
+            [
+                "recipe",
+                "keys",
+                "keys/s",
+                "children right after",
+                "children left",
+                "reaper wait s",
+                "znodes before / after",
+                "data size before / after",
+                "ZK RSS before / right after / after",
+            ],
+            rows,
+        ),
+    ]
+
+
+SECTION_TITLES = {
+    "recipes": "1. Recipe level, uncontended: acquire + release",
+    "contention": "2. Contention on one key",
+    "herd": "3. Herd: watch notifications per release",
+    "celery": "4. Celery level: no-op task throughput on a real worker",
+    "scale": "5. Scale: distinct keys through the lock",
+}
+RENDERERS = {
+    "recipes": _recipes_md,
+    "contention": _contention_md,
+    "herd": _herd_md,
+    "celery": _celery_md,
+    "scale": _scale_md,
+}
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = [
+        "# celery-zklock benchmarks",
+        "",
+        f"`{report['command']}` ({report['mode']} run), {report['started_at']}, "
+        f"wall {report['wall_s'] / 60:.1f} min.",
+        "",
+        f"Machine: {machine['nproc']} CPUs ({machine['cpu_model']}), "
+        f"{machine['ram_gib']} GiB RAM, load average at start "
+        f"{', '.join(f'{v:.2f}' for v in machine['loadavg_at_start'])}; "
+        f"Python {machine['python']}, ZooKeeper {machine['zookeeper']} (Debian "
+        f"{machine.get('zookeeper_package') or '?'}; standalone, fsync on, a fresh server per "
+        f"section; {machine.get('java', '?')}), Redis {machine['redis_server']} (no persistence); "
+        f"kazoo {machine['kazoo_version']}, celery {machine['celery_version']}, "
+        f"redis-py {machine['redis_version']}.",
+        "",
+        "## Targets",
+        "",
+        *_table(
+            ["section", "target", "measured", "met"],
+            [
+                [row["section"], row["target"], row["measured"], _met(row["met"])]
+                for row in report["targets"]
+            ],
+        ),
+    ]
+    for name, title in SECTION_TITLES.items():
+        section = report["sections"].get(name)
+        if section is None:
+            continue
+        lines += ["", f"## {title}", ""]
+        if "error" in section:
+            first = section["error"].strip().splitlines()[-1]
+            lines.append(f"Failed: `{first}` (the traceback is in the JSON report).")
+            continue
+        lines += RENDERERS[name](section)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,177 @@
+"""Scale: many distinct keys through the lock; what is left on the server afterwards.
+
+Section 5 of ``python -m benchmarks``.
+
+On a fresh ZooKeeper, ``processes`` worker processes (one kazoo client each) take and release
+our :class:`~celery_zklock.Mutex` on ``keys`` distinct keys ``/scale/ours/k<i>`` between them,
+one key at a time each, as a fleet of workers with per-argument task keys would. ``/scale/ours``
+is a persistent node, like an application's lock root; each key's parent is a container node
+that ZooKeeper's container reaper deletes after its last child went (every 300 ms, at most
+1,000,000 a minute: the stack's settings).
+
+Then the parent waits, with a deadline, until the root has no children left, and reports:
+the children left right after the last release and after the reaper ran, how long the reaper
+took, the server's znode count (``mntr`` ``zk_znode_count``) and approximate data size
+(``zk_approximate_data_size``), and the resident memory of the ZooKeeper JVM (``VmRSS`` from
+``/proc/<pid>/status``) before, right after, and after reaping. The JVM's heap is capped
+(``-Xmx64m``, the stack's setting), so its RSS says more about the heap high-water mark than about
+what the data needs; the data size is the better measure of what stays.
+
+For contrast, ``kazoo.recipe.lock.Lock`` then runs on a tenth of the key count under
+``/scale/kazoo``: its parents are persistent and stay.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.recipe.lock import Lock as KazooLock
+
+from benchmarks.common import (
+    Progress,
+    mntr,
+    rss_bytes,
+    start_workers,
+    stop_workers,
+    wait_for,
+)
+from celery_zklock import Mutex
+from celery_zklock.testing import ZooKeeperServer
+
+ROOT = "/scale"
+SESSION_TIMEOUT_S = 30.0
+ACQUIRE_TIMEOUT_S = 60.0
+REAP_DEADLINE_S = 300.0
+KAZOO_FRACTION = 10
+
+
+def _cycle_keys(client: KazooClient, recipe: str, keys: range) -> None:
+    for i in keys:
+        if recipe == "ours":
+            Mutex(client, f"{ROOT}/ours/k{i}").acquire(timeout=ACQUIRE_TIMEOUT_S).release()
+        else:
+            lock = KazooLock(client, f"{ROOT}/kazoo/k{i}")
+            if not lock.acquire(timeout=ACQUIRE_TIMEOUT_S):
+                raise RuntimeError(f"kazoo Lock k{i} not acquired")
+            lock.release()
+
+
+def _worker(conn: Any, hosts: str) -> None:
+    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT_S)
+    try:
+        client.start(timeout=120)
+        conn.send(("ok", None))
+        while True:
+            command = conn.recv()
+            if command[0] == "quit":
+                break
+            try:
+                _, recipe, first, last, step = command
+                started = time.monotonic()
+                _cycle_keys(client, recipe, range(first, last, step))
+                conn.send(("ok", time.monotonic() - started))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        client.stop()
+        client.close()
+
+
+def _children(client: KazooClient, path: str) -> int:
+    return len(client.get_children(path))
+
+
+def _server_state(server: ZooKeeperServer) -> dict[str, Any]:
+    values = mntr(server.port)
+
+    def number(name: str) -> int | None:
+        value = values.get(name)
+        return int(value) if value is not None else None
+
+    return {
+        "rss_bytes": rss_bytes(server.pid),
+        "znode_count": number("zk_znode_count"),
+        "approximate_data_size": number("zk_approximate_data_size"),
+        "ephemerals_count": number("zk_ephemerals_count"),
+    }
+
+
+def _pass(
+    server: ZooKeeperServer,
+    admin: KazooClient,
+    workers: Sequence[Any],
+    recipe: str,
+    keys: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    root = f"{ROOT}/{recipe}"
+    admin.ensure_path(root)
+    time.sleep(1.0)
+    before = _server_state(server)
+    count = len(workers)
+    started = time.monotonic()
+    # Worker w takes keys w, w + count, w + 2 * count, ...: all interleave on the server.
+    for index, worker in enumerate(workers):
+        worker.send("run", recipe, index, keys, count)
+    for worker in workers:
+        worker.reply(timeout=3600)
+    elapsed = time.monotonic() - started
+    left_at_end = _children(admin, root)
+    after_run = _server_state(server)
+    progress(
+        f"scale: {recipe}: {keys} keys in {elapsed:.1f} s ({keys / elapsed:.0f}/s); "
+        f"{left_at_end} children of {root} right after"
+    )
+    reap_started = time.monotonic()
+    if recipe == "ours":
+        wait_for(lambda: _children(admin, root) == 0, REAP_DEADLINE_S, interval=0.1)
+    reap_s = time.monotonic() - reap_started
+    left = _children(admin, root)
+    time.sleep(1.0)
+    after = _server_state(server)
+    if recipe == "ours":
+        progress(f"scale: {recipe}: {left} children left after {reap_s:.1f} s of reaping")
+    return {
+        "keys": keys,
+        "seconds": elapsed,
+        "keys_per_s": keys / elapsed,
+        "children_right_after": left_at_end,
+        "children_left": left,
+        "reap_wait_s": reap_s if recipe == "ours" else None,
+        "server_before": before,
+        "server_right_after": after_run,
+        "server_after": after,
+    }
+
+
+def run_section(
+    server: ZooKeeperServer, *, keys: int, processes: int, progress: Progress
+) -> dict[str, Any]:
+    """Section 5: ``keys`` distinct keys through our Mutex, a tenth through kazoo's Lock."""
+    admin = KazooClient(hosts=server.hosts, timeout=SESSION_TIMEOUT_S)
+    admin.start(timeout=60)
+    workers = start_workers(_worker, [(server.hosts,)] * processes, ready_timeout=300)
+    try:
+        ours = _pass(server, admin, workers, "ours", keys, progress)
+        kazoo = _pass(server, admin, workers, "kazoo", max(1, keys // KAZOO_FRACTION), progress)
+    finally:
+        stop_workers(workers)
+        admin.stop()
+        admin.close()
+    return {
+        "config": {
+            "keys": keys,
+            "processes": processes,
+            "kazoo_keys": max(1, keys // KAZOO_FRACTION),
+            "reap_deadline_s": REAP_DEADLINE_S,
+            "repetitions": "one pass (a count, not a latency)",
+        },
+        "ours": ours,
+        "kazoo": kazoo,
+    }
