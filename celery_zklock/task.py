@@ -19,9 +19,14 @@ Outcomes of one run:
   :class:`~celery_zklock.LockBusy`.
 - the holder is this very task id: with a lower retry count it is our own previous attempt
   still finishing (``self.retry`` publishes before it raises), so we wait for it whatever the
-  policy; with the same retry count it is a duplicate delivery of a run still in progress (e.g.
-  a Redis visibility-timeout redelivery), which is logged and ignored (``Ignore``: no state is
-  written, so the running original's result stands).
+  policy; with the same retry count it is another delivery of the same message: we wait up to
+  1.5 session timeouts + 1 s for the lock. Still held: a duplicate of a run in progress (e.g. a
+  Redis visibility-timeout redelivery), logged and ignored (``Ignore``: no state is written, so
+  the running original's result stands). Granted: the first delivery's process died (a killed
+  prefork child's message comes back at once), so this one runs, unless the task's result is
+  already final. With ``acks_late`` Celery is at-least-once: a copy that gets the lock just
+  after the original released it, before its result was stored, runs the task a second time -
+  after it, never beside it.
 - ZooKeeper unreachable: in a worker the task retries (``ZooKeeperUnavailable``, Celery's
   ``max_retries`` applies, then it fails with that reason); called directly or eagerly it raises.
 """
@@ -39,7 +44,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
 from kazoo.client import KazooClient
@@ -342,11 +347,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
                 policy = "wait"  # our own previous attempt is finishing its release
                 self._event("own-retry-waits", path, holder=request.id)
             else:
-                self._event("duplicate-ignored", path, holder=request.id)
-                raise Ignore(
-                    f"task {request.id} is already running under lock {path}: duplicate "
-                    "delivery ignored"
-                )
+                return self._same_delivery_holds(side, path, identity)
         holder_id = holder.get("task_id")
         self._event("busy", path, policy=policy, holder=holder_id)
         signals.lock_busy.send(
@@ -363,6 +364,32 @@ class ZkLockTask(Task):  # type: ignore[misc]
         if policy == "retry":
             raise self.retry(exc=busy, countdown=options.retry_countdown)
         raise busy
+
+    def _same_delivery_holds(self, side: LockSide, path: str, identity: bytes) -> Lease:
+        """The holder is this task id at this retry count: another delivery of this message.
+
+        Either it is still running (a Redis visibility-timeout redelivery): then its node stays
+        and this copy is ignored; or the process running it died (``kill -9``, a prefork child
+        lost, whose message Celery hands out again at once): then its node goes when the server
+        expires that session, within a session timeout. So wait that long (and a half) for the
+        lock. If it comes and the first delivery left no final state, this one runs the task.
+        """
+        request = self.request
+        grace = 1.5 * side.session_timeout + 1.0
+        self._event("same-delivery-waits", path, holder=request.id, grace=grace)
+        try:
+            lease = side.acquire(timeout=grace, data=identity)
+        except LockTimeout:
+            self._event("duplicate-ignored", path, holder=request.id)
+            raise Ignore(
+                f"task {request.id} is already running under lock {path}: duplicate "
+                "delivery ignored"
+            ) from None
+        if self.AsyncResult(request.id).state in states.READY_STATES:
+            lease.release()
+            self._event("duplicate-ignored", path, holder=request.id, finished=True)
+            raise Ignore(f"task {request.id} already finished: duplicate delivery ignored")
+        return lease
 
     def _after_timeout(self, path: str, options: LockOptions, holder_id: Any) -> Any:
         self._event("timeout", path, policy=options.on_timeout, holder=holder_id)

@@ -130,12 +130,16 @@ def retry_once(self: Any, key: str) -> dict[str, Any]:
 
 @app.task(
     bind=True, base=ZkLockTask, lock_name="late", lock_key=["key"], lock_on_busy="skip",
-    acks_late=True,
+    acks_late=True, reject_on_worker_lost=True,
 )  # fmt: skip
 def acked_late(self: Any, key: str, seconds: float) -> dict[str, Any]:
-    """Records each start of its body, then holds the lock for ``seconds``."""
-    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "pid": os.getpid()})
-    time.sleep(seconds)
+    """Records each start of its body, then holds the lock for ``seconds`` or until the file
+    ``release-<key>`` exists."""
+    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "pid": os.getpid(),
+                                    "token": self.lock.token})  # fmt: skip
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+        time.sleep(0.02)
     return {"token": self.lock.token}
 
 

@@ -55,16 +55,41 @@ def test_redelivered_message_of_a_running_task_is_ignored_not_run_twice(
     from tests.taskapp import acked_late
 
     # acks_late + a 1 s visibility timeout: Redis hands the unacknowledged message out again
-    # while the first delivery is still running.
+    # while the first delivery is still running. A copy waits 1.5 session timeouts + 1 s for
+    # the lock (in case the first delivery's process died), then finds it still held.
     env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    hold = 1.5 * SESSION_TIMEOUT + 3.0
     with workers(app, "threads", 1, env, tmp) as (worker,):
-        result = acked_late.apply_async(("rd", 4.0), queue=worker.queue)
+        result = acked_late.apply_async(("rd", hold), queue=worker.queue)
         value = result.get(timeout=30)
         log = worker.log_text()
     assert "event=duplicate-ignored" in log and result.id in log
     starts = read_records(tmp / "starts-rd")
     assert [s["task_id"] for s in starts] == [result.id]  # the body ran once
     assert result.state == "SUCCESS" and not is_skipped(value) and value["token"] > 0
+    wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
+
+
+def test_message_of_a_killed_prefork_child_runs_again_once_its_lock_is_free(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    # acks_late + reject_on_worker_lost: Celery hands the message out again at once, while the
+    # dead child's lock node still holds the lock under this very task id
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        result = acked_late.apply_async(("wl", 30.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-wl"), 30, "the first run to start")
+        (first,) = read_records(tmp / "starts-wl")
+        os.kill(first["pid"], signal.SIGKILL)
+        (tmp / "release-wl").touch()  # the rerun need not hold for long
+        value = result.get(timeout=SESSION_TIMEOUT * 4)
+        log = worker.log_text()
+    first_run, second_run = read_records(tmp / "starts-wl")
+    assert second_run["task_id"] == result.id and second_run["token"] > first_run["token"]
+    assert result.state == "SUCCESS" and value == {"token": second_run["token"]}
+    assert "event=same-delivery-waits" in log and "event=duplicate-ignored" not in log
     wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
 
 

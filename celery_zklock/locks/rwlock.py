@@ -35,6 +35,11 @@ class LockSide:
         """Acquire this side; see :meth:`celery_zklock.Mutex.acquire` for the full contract."""
         return self._internals.acquire(blocking=blocking, timeout=timeout, data=data)
 
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout of this lock's client, in seconds (negotiated once known)."""
+        return self._internals.watch.session_timeout
+
     def blocker_data(self, timeout: float = 5.0) -> bytes | None:
         """Data of the node a new acquire would wait on first (the holder), or None."""
         return self._internals.blocker_data(timeout)
