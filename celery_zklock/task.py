@@ -48,6 +48,7 @@ from celery import Task, states
 from celery.exceptions import Ignore
 from celery.signals import worker_process_shutdown, worker_shutdown
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
 from celery_zklock import signals
 from celery_zklock.config import client_config, lock_root
@@ -237,7 +238,13 @@ class ZkLockTask(Task):  # type: ignore[misc]
         rw = ReadWriteLock(client, path)
         side = rw.write if options.mode == "exclusive" else rw.read
         started = time.monotonic()
-        lease = self._zklock_acquire(side, path, options)
+        try:
+            lease = self._zklock_acquire(side, path, options)
+        except KazooException as exc:  # e.g. the session expired twice during the acquire
+            error = ZooKeeperUnavailable(
+                f"task {self.name!r}: ZooKeeper failed while acquiring lock {path}: {exc!r}"
+            )
+            raise self._retry_or(error, options) from exc
         if not isinstance(lease, Lease):
             return lease  # a skip result
         waited = time.monotonic() - started

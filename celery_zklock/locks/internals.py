@@ -328,8 +328,8 @@ class LockInternals:
                 if stat is None or session_id is None:
                     return None
                 return _Created(ours[0], stat.czxid, session_id, children)
-            except NoNodeError:
-                return None
+            except (NoNodeError, SessionExpiredError):
+                return None  # a node of an expired session is gone with it
             except ConnectionLoss:
                 self._await_connected(deadline)
                 continue
