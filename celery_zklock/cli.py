@@ -42,7 +42,7 @@ class Subcommand:
 
 # Modules that each define ``COMMAND: Subcommand``; e.g. "celery_zklock.demo" for `demo` and
 # "celery_zklock.loadtest" for `loadtest` go here.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("workers.demo",)
+SUBCOMMAND_MODULES: tuple[str, ...] = ("workers.demo", "workers.loadtest")
 
 
 # ------------------------------------------------------------------------------------- stack

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from workers.settings import Settings
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
@@ -134,19 +136,33 @@ def test_zookeeper_ensemble_is_consistent(config: dict[str, Any]) -> None:
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
 
 
-def test_redis_service(config: dict[str, Any]) -> None:
-    redis = config["services"]["redis"]
-    assert str(redis["image"]).startswith("redis")
-    assert redis.get("healthcheck", {}).get("test")
+def test_redis_services(config: dict[str, Any]) -> None:
+    for name in ("redis", "records"):
+        service = config["services"][name]
+        assert str(service["image"]).startswith("redis"), name
+        assert service.get("healthcheck", {}).get("test"), name
+    # The broker survives a restart without losing a message; the records server is apart.
+    broker = _command(config["services"]["redis"])
+    assert broker[broker.index("--appendonly") + 1] == "yes"
+    assert broker[broker.index("--appendfsync") + 1] == "always"
+    assert "/data" in [_volume_target(v) for v in config["services"]["redis"]["volumes"]]
+
+
+def _volume_target(volume: Any) -> str:
+    """The mount point of a volume in short (``source:target[:mode]``) or long syntax."""
+    if isinstance(volume, dict):
+        return str(volume["target"])
+    return str(volume).split(":")[1]
 
 
 def test_published_ports_are_loopback_only_and_distinct(config: dict[str, Any]) -> None:
     services = config["services"]
-    published = {name: _published(services[name]) for name in (*ZOO_SERVICES, "redis")}
+    names = (*ZOO_SERVICES, "redis", "records")
+    published = {name: _published(services[name]) for name in names}
     for name, ports in published.items():
         assert ports, f"{name} publishes no port for a host-side load test"
         assert all(ip == "127.0.0.1" for ip, _, _ in ports), name
-    assert [p[0][2] for p in published.values()] == [2181, 2181, 2181, 6379]
+    assert [p[0][2] for p in published.values()] == [2181, 2181, 2181, 6379, 6379]
     host_ports = [host for ports in published.values() for _, host, _ in ports]
     assert len(set(host_ports)) == len(host_ports)
 
@@ -164,14 +180,20 @@ def test_worker_service_scales(config: dict[str, Any]) -> None:
     env = _environment(worker)
     assert env["ZKLOCK_HOSTS"] == "zoo1:2181,zoo2:2181,zoo3:2181"
     assert env["ZKLOCK_BROKER_URL"] == "redis://redis:6379/0"
+    assert env["ZKLOCK_RESULT_BACKEND"] == env["ZKLOCK_RECORD_URL"] == "redis://records:6379/0"
     assert env["ZKLOCK_POOL"] == "prefork"
     assert env["ZKLOCK_CONCURRENCY"] == "4"
     assert "ZKLOCK_SESSION_TIMEOUT" in env
+    assert "ZKLOCK_VISIBILITY_TIMEOUT" in env
+    # The environment is exactly what workers.settings reads, valid as it stands.
+    settings = Settings.from_env(env)
+    assert settings.visibility_timeout > 0
 
     depends = worker["depends_on"]
     assert {name: d["condition"] for name, d in depends.items()} == {
         **{name: "service_healthy" for name in ZOO_SERVICES},
         "redis": "service_healthy",
+        "records": "service_healthy",
     }
 
 

@@ -3,18 +3,21 @@
 The same variables configure a worker started by hand, by the demo, by the fleet launcher and by
 the compose ``worker`` service (compose/docker-compose.yml):
 
-========================== ======== ==========================================================
-variable                   default  meaning
-========================== ======== ==========================================================
-``ZKLOCK_HOSTS``           required ZooKeeper connection string ``host:port[,...][/chroot]``
-``ZKLOCK_BROKER_URL``      required Celery broker, a Redis URL (``redis://`` or ``rediss://``)
-``ZKLOCK_RESULT_BACKEND``  broker   Celery result backend, a Redis URL
-``ZKLOCK_RECORD_URL``      broker   Redis URL where critical sections and fenced writes go
-``ZKLOCK_POOL``            prefork  worker pool: ``prefork``, ``threads``, ``gevent`` or ``solo``
-``ZKLOCK_CONCURRENCY``     4        processes/threads/greenlets per worker, ``>= 1``
-``ZKLOCK_SESSION_TIMEOUT`` 10       ZooKeeper session timeout in seconds, ``> 0``
-``ZKLOCK_ROOT``            /zklock  znode under which the task locks live
-========================== ======== ==========================================================
+============================= ======== ======================================================
+variable                      default  meaning
+============================= ======== ======================================================
+``ZKLOCK_HOSTS``              required ZooKeeper connection string ``host:port[,...][/chroot]``
+``ZKLOCK_BROKER_URL``         required Celery broker, a Redis URL (``redis://``, ``rediss://``)
+``ZKLOCK_RESULT_BACKEND``     broker   Celery result backend, a Redis URL
+``ZKLOCK_RECORD_URL``         broker   Redis URL where critical sections and fenced writes go
+``ZKLOCK_POOL``               prefork  worker pool: ``prefork``, ``threads``, ``gevent``, ``solo``
+``ZKLOCK_CONCURRENCY``        4        processes/threads/greenlets per worker, ``>= 1``
+``ZKLOCK_SESSION_TIMEOUT``    10       ZooKeeper session timeout in seconds, ``> 0``
+``ZKLOCK_ROOT``               /zklock  znode under which the task locks live
+``ZKLOCK_VISIBILITY_TIMEOUT`` 60       seconds after which the broker hands a message that was
+                                       taken and never acknowledged (its worker died) to
+                                       another worker, ``> 0``; must exceed the longest task
+============================= ======== ======================================================
 
 An empty variable counts as unset. :meth:`Settings.from_env` reports every bad or missing value
 at once in one :class:`SettingsError`; :meth:`Settings.to_env` is its inverse, for starting a
@@ -39,6 +42,7 @@ DEFAULT_POOL: Final = "prefork"
 DEFAULT_CONCURRENCY: Final = 4
 DEFAULT_SESSION_TIMEOUT: Final = 10.0
 DEFAULT_ROOT: Final = "/zklock"
+DEFAULT_VISIBILITY_TIMEOUT: Final = 60.0
 
 
 class SettingsError(ValueError):
@@ -63,6 +67,7 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
     zk_root: str = DEFAULT_ROOT
+    visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
 
     def __post_init__(self) -> None:
         problems = _field_problems(
@@ -74,6 +79,7 @@ class Settings:
             concurrency=self.concurrency,
             session_timeout=self.session_timeout,
             root=self.zk_root,
+            visibility_timeout=self.visibility_timeout,
         )
         if problems:
             raise SettingsError(problems)
@@ -110,6 +116,10 @@ class Settings:
             get("ZKLOCK_SESSION_TIMEOUT"), float, DEFAULT_SESSION_TIMEOUT, problems,
             "ZKLOCK_SESSION_TIMEOUT must be a number of seconds > 0",
         )  # fmt: skip
+        visibility_timeout = _parse(
+            get("ZKLOCK_VISIBILITY_TIMEOUT"), float, DEFAULT_VISIBILITY_TIMEOUT, problems,
+            "ZKLOCK_VISIBILITY_TIMEOUT must be a number of seconds > 0",
+        )  # fmt: skip
         backend = get("ZKLOCK_RESULT_BACKEND")
         record = get("ZKLOCK_RECORD_URL")
         pool = get("ZKLOCK_POOL") or DEFAULT_POOL
@@ -125,10 +135,13 @@ class Settings:
             concurrency=concurrency,
             session_timeout=session_timeout,
             root=root,
+            visibility_timeout=visibility_timeout,
         )
         if problems or hosts is None or broker is None:
             raise SettingsError(problems)
-        assert concurrency is not None and session_timeout is not None  # else a problem above
+        # else a problem above
+        assert concurrency is not None and session_timeout is not None
+        assert visibility_timeout is not None
         return cls(
             zk_hosts=hosts,
             broker_url=broker,
@@ -138,6 +151,7 @@ class Settings:
             concurrency=concurrency,
             session_timeout=session_timeout,
             zk_root=root,
+            visibility_timeout=visibility_timeout,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -151,6 +165,7 @@ class Settings:
             "ZKLOCK_CONCURRENCY": str(self.concurrency),
             "ZKLOCK_SESSION_TIMEOUT": repr(self.session_timeout),
             "ZKLOCK_ROOT": self.zk_root,
+            "ZKLOCK_VISIBILITY_TIMEOUT": repr(self.visibility_timeout),
         }
 
 
@@ -185,6 +200,7 @@ def _field_problems(
     concurrency: int | None,
     session_timeout: float | None,
     root: str | None,
+    visibility_timeout: float | None,
 ) -> list[str]:
     """Every problem with the given values; a None value is skipped (reported elsewhere)."""
     problems: list[str] = []
@@ -205,6 +221,8 @@ def _field_problems(
         problems += _check_session_timeout(session_timeout)
     if root is not None:
         problems += _check_root(root)
+    if visibility_timeout is not None:
+        problems += _check_seconds("ZKLOCK_VISIBILITY_TIMEOUT", visibility_timeout)
     return problems
 
 
@@ -256,8 +274,12 @@ def _check_concurrency(concurrency: int) -> list[str]:
 
 
 def _check_session_timeout(seconds: float) -> list[str]:
+    return _check_seconds("ZKLOCK_SESSION_TIMEOUT", seconds)
+
+
+def _check_seconds(name: str, seconds: float) -> list[str]:
     if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        return [f"ZKLOCK_SESSION_TIMEOUT must be a number of seconds > 0, got {seconds!r}"]
+        return [f"{name} must be a number of seconds > 0, got {seconds!r}"]
     return []
 
 

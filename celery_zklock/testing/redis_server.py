@@ -1,4 +1,12 @@
-"""A throw-away Redis server for tests and demos: no persistence, 127.0.0.1 only, a child of ours.
+"""A throw-away Redis server for tests and demos: a child of ours, on 127.0.0.1.
+
+By default it keeps nothing on disk. ``appendonly=True`` makes it persistent (an append-only
+file in its private directory, fsynced as ``appendfsync`` says: with ``"always"`` every write
+is on disk before Redis answers, so a crash loses nothing acknowledged), and
+:meth:`RedisServer.restart` kills and restarts it on the same port and directory, which is how
+a broker restart is tested.
+``bind`` adds addresses to listen on besides 127.0.0.1 (e.g. a veth address reachable from a
+network namespace); they must exist when the server starts.
 
 Ready means: our child is alive, answers ``PING`` with ``+PONG``, and the socket listening on its
 port is the child's own (a Redis that another program runs on that port is never taken for ours).
@@ -10,9 +18,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -27,8 +36,9 @@ from celery_zklock.testing.processes import (
     tail,
 )
 
-__all__ = ["RedisServer"]
+__all__ = ["APPENDFSYNC_POLICIES", "RedisServer"]
 
+APPENDFSYNC_POLICIES = ("always", "everysec", "no")
 _BIND_FAILURE_RE = re.compile(r"Address already in use|Could not create server TCP", re.I)
 
 
@@ -47,6 +57,8 @@ class RedisServer:
     ``start`` returns once it is ready (see the module docstring); ``stop`` returns once the
     process is gone. Usable as a context manager. ``port_picker`` replaces :func:`free_port`
     (tests use it to force a taken port); ``start_attempts`` is how many ports a start tries.
+    ``appendonly``/``appendfsync`` choose persistence and ``bind`` extra listen addresses (see
+    the module docstring). Raises ValueError naming a bad option.
     """
 
     def __init__(
@@ -55,9 +67,21 @@ class RedisServer:
         executable: str | None = None,
         port_picker: Callable[[], int] | None = None,
         start_attempts: int = 3,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        bind: Sequence[str] = (),
     ) -> None:
         if start_attempts < 1:
             raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
+        if appendfsync not in APPENDFSYNC_POLICIES:
+            raise ValueError(
+                f"appendfsync must be one of {', '.join(APPENDFSYNC_POLICIES)}, got {appendfsync!r}"
+            )
+        if isinstance(bind, str):
+            raise ValueError("bind must be a sequence of addresses, not one string")
+        self._appendonly = appendonly
+        self._appendfsync = appendfsync
+        self._bind = ["127.0.0.1", *(a for a in bind if a != "127.0.0.1")]
         self._executable = executable
         self._pick_port = port_picker or free_port
         self._start_attempts = start_attempts
@@ -93,22 +117,7 @@ class RedisServer:
         for _ in range(self._start_attempts):
             port = self._pick_port()
             directory = make_temp_dir("zklock-redis-")
-            settings = {
-                "port": str(port),
-                "bind": "127.0.0.1",
-                "dir": str(directory),
-                "save": "",
-                "appendonly": "no",
-                "daemonize": "no",
-                "protected-mode": "no",
-                "logfile": "",  # stdout, which goes to redis.log
-            }
-            child = ChildProcess(
-                f"Redis (port {port})",
-                [executable, *(arg for k, v in settings.items() for arg in (f"--{k}", v))],
-                log_path=directory / "redis.log",
-                cwd=directory,
-            )
+            child = self._child_for(executable, port, directory)
             try:
                 child.start()
                 outcome = self._wait_ready(child, port, deadline)
@@ -126,6 +135,53 @@ class RedisServer:
             f"Redis could not start: its port was taken by another process in {len(failures)} "
             "attempt(s), each with a new free port.\n" + "\n".join(failures)
         )
+
+    def _child_for(self, executable: str, port: int, directory: Path) -> ChildProcess:
+        settings = {
+            "port": str(port),
+            "bind": " ".join(self._bind),
+            "dir": str(directory),
+            "save": "",
+            "appendonly": "yes" if self._appendonly else "no",
+            "appendfsync": self._appendfsync,
+            "daemonize": "no",
+            "protected-mode": "no",
+            "logfile": "",  # stdout, which goes to redis.log
+        }
+        return ChildProcess(
+            f"Redis (port {port})",
+            [executable, *(arg for k, v in settings.items() for arg in (f"--{k}", v))],
+            log_path=directory / "redis.log",
+            cwd=directory,
+        )
+
+    def restart(self, timeout: float = 10.0, *, sig: int = signal.SIGKILL) -> float:
+        """Stop the server with ``sig`` (default SIGKILL: a crash), start it again on the same
+        port and directory, and wait until it is ready; return the seconds it was down.
+
+        Without ``appendonly`` the data is gone afterwards; with it, Redis reloads the
+        append-only file. Raises StackError if it is not running, does not die within
+        ``timeout`` seconds, or does not come back (e.g. another program took the port).
+        """
+        child, directory, port = self._child, self._directory, self._port
+        if child is None or directory is None or port is None or not child.is_running():
+            raise StackError(f"{self!r} is not running: nothing to restart")
+        down_since = time.monotonic()
+        child.send_signal(sig)
+        if not child.wait(timeout):
+            child.kill()
+        replacement = self._child_for(self._find_executable(), port, directory)
+        replacement.start()
+        self._child = replacement
+        try:
+            outcome = self._wait_ready(replacement, port, time.monotonic() + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        if outcome is not None:
+            self.stop()
+            raise StackError(f"Redis could not restart on port {port}: {outcome}")
+        return time.monotonic() - down_since
 
     def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> str | None:
         """None once ready; a reason to retry with another port; raises StackError otherwise."""

@@ -56,6 +56,9 @@ DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 BASE_JVM_FLAGS = ("-Xms16m", "-Xmx64m", "-XX:+UseSerialGC", "-XX:-UsePerfData")
+# Only addresses that also accept connections to 127.0.0.1: readiness and port ownership are
+# checked there.
+CLIENT_ADDRESSES = ("127.0.0.1", "0.0.0.0")
 SERVING_MODES = frozenset({"standalone", "leader", "follower"})
 _MODE_RE = re.compile(r"^Mode: (\w+)\s*$", re.MULTILINE)
 _BIND_FAILURE_RE = re.compile(r"Address already in use|BindException|UNABLE_TO_BIND", re.I)
@@ -88,6 +91,9 @@ class ZooKeeperOptions:
     ``$JAVA_HOME/bin/java``, else ``java`` on PATH) choose the installation.
     ``port_picker`` returns candidate ports (default :func:`free_port`); tests use it to force
     a port that is already taken. ``start_attempts`` is how many sets of ports a start tries.
+    ``client_address`` is where the client port listens: ``127.0.0.1`` (default) or
+    ``0.0.0.0``, every address of the machine, so that clients in a network namespace reach the
+    server through a veth pair; quorum and election ports stay on 127.0.0.1.
     """
 
     container_check_interval_ms: int = 300
@@ -100,8 +106,14 @@ class ZooKeeperOptions:
     java: str | None = None
     port_picker: Callable[[], int] | None = field(default=None, compare=False)
     start_attempts: int = 3
+    client_address: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        if self.client_address not in CLIENT_ADDRESSES:
+            raise ValueError(
+                f"client_address must be one of {', '.join(CLIENT_ADDRESSES)}, "
+                f"got {self.client_address!r}"
+            )
         if self.tick_time_ms <= 0:
             raise ValueError(f"tick_time_ms must be > 0, got {self.tick_time_ms}")
         if self.max_session_timeout_ms < 2 * self.tick_time_ms:
@@ -294,7 +306,7 @@ class ZooKeeperNode:
             f"tickTime={opts.tick_time_ms}",
             f"dataDir={self.data_dir}",
             f"clientPort={self.port}",
-            "clientPortAddress=127.0.0.1",
+            f"clientPortAddress={opts.client_address}",
             "4lw.commands.whitelist=*",
             "admin.enableServer=false",
             f"maxSessionTimeout={opts.max_session_timeout_ms}",
@@ -457,6 +469,7 @@ class ZooKeeperServer:
         java: str | None = None,
         port_picker: Callable[[], int] | None = None,
         start_attempts: int = 3,
+        client_address: str = "127.0.0.1",
     ) -> None:
         self.options = ZooKeeperOptions(
             container_check_interval_ms=container_check_interval_ms,
@@ -469,6 +482,7 @@ class ZooKeeperServer:
             java=java,
             port_picker=port_picker,
             start_attempts=start_attempts,
+            client_address=client_address,
         )
         self._node: ZooKeeperNode | None = None
 
@@ -600,6 +614,7 @@ class ZooKeeperEnsemble:
         java: str | None = None,
         port_picker: Callable[[], int] | None = None,
         start_attempts: int = 3,
+        client_address: str = "127.0.0.1",
     ) -> None:
         if size < 2:
             raise ValueError(f"an ensemble needs size >= 2, got {size}; use ZooKeeperServer")
@@ -615,6 +630,7 @@ class ZooKeeperEnsemble:
             java=java,
             port_picker=port_picker,
             start_attempts=start_attempts,
+            client_address=client_address,
         )
         self._nodes: list[ZooKeeperNode] = []
         self._runtime: _Runtime | None = None

@@ -1,0 +1,422 @@
+"""Each fault primitive of workers.faults does what it says, against real processes: a fleet of
+real `celery worker` processes on a real ZooKeeper and two real Redis servers."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.utils import worker_direct
+from kazoo.client import KazooClient
+
+from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing.processes import wait_until
+from workers.app import create_app
+from workers.faults import (
+    FaultEnvironment,
+    FaultInjector,
+    OpenSections,
+    expire_session,
+    fault_order,
+    parse_faults,
+    session_password,
+)
+from workers.fleet import Fleet, FleetWorker, WorkerSpec, descendants, pid_alive
+from workers.netns import Namespace, unavailable_reason
+from workers.record import FAULT_KINDS, SectionEvent, SectionRecorder
+from workers.settings import Settings
+from workers.tasks import TASK_FOR_MODE
+
+SESSION_TIMEOUT = 3.0
+VISIBILITY_TIMEOUT = 10.0
+HOLD_MS = 6000
+"""Long enough for a fault to land inside the section, shorter than the visibility timeout."""
+
+NETNS_MISSING = unavailable_reason()
+
+# ------------------------------------------------------------------------------ plans (pure)
+
+
+def test_fault_specs_parse_and_reject_what_they_cannot_mean() -> None:
+    assert parse_faults("kill:3, pause:2,expire") == {"kill": 3, "pause": 2, "expire": 1}
+    assert parse_faults("all:2") == {kind: 2 for kind in FAULT_KINDS}
+    assert parse_faults("redis-restart:1,leader:0") == {"redis_restart": 1}
+    assert parse_faults("") == {}
+    for bad, message in (("nap:1", "unknown fault"), ("kill:x", "whole number")):
+        with pytest.raises(ValueError, match=message):
+            parse_faults(bad)
+
+
+def test_faults_run_in_rounds_so_every_kind_spreads_over_the_run() -> None:
+    order = fault_order({kind: 3 for kind in FAULT_KINDS}, seed=1)
+    assert len(order) == 18
+    for start in (0, 6, 12):
+        assert sorted(order[start : start + 6]) == sorted(FAULT_KINDS)
+    assert order == fault_order({kind: 3 for kind in FAULT_KINDS}, seed=1)
+    assert fault_order({"kill": 2, "expire": 1}, seed=0).count("kill") == 2
+
+
+# ----------------------------------------------------------------------- session expiry
+
+
+def test_session_password_is_the_one_the_server_gave(zk_client: KazooClient) -> None:
+    session_id, password = zk_client.client_id
+    assert session_password(session_id) == password
+    assert session_password(session_id + 1) != password
+
+
+def test_expire_session_removes_the_sessions_nodes_on_the_server(
+    zk_hosts: str, lock_root: str
+) -> None:
+    owner, observer = KazooClient(hosts=zk_hosts), KazooClient(hosts=zk_hosts)
+    states: list[str] = []
+    owner.add_listener(states.append)
+    owner.start(timeout=15)
+    observer.start(timeout=15)
+    try:
+        owner.ensure_path(lock_root)
+        node = owner.create(f"{lock_root}/held", ephemeral=True)
+        stat = observer.exists(node)
+        assert stat is not None and stat.ephemeralOwner == owner.client_id[0]
+        expire_session(zk_hosts, stat.ephemeralOwner)
+        assert wait_until(lambda: observer.exists(node) is None, timeout=5)
+        # The owner learns it on its next reconnect: the session is gone, not just its node.
+        assert wait_until(lambda: "LOST" in states, timeout=10), states
+    finally:
+        for client in (owner, observer):
+            client.stop()
+            client.close()
+
+
+# ------------------------------------------------------------------------------ the fleet
+
+
+@dataclass
+class Stack:
+    zookeeper: ZooKeeperServer
+    broker: RedisServer
+    settings: Settings
+    app: Celery
+    fleet: Fleet
+    records: Any
+    namespace: Namespace | None
+
+    def worker(self, label: str) -> FleetWorker:
+        return next(w for w in self.fleet if w.label == label)
+
+    def injector(self, run_id: str, **kwargs: Any) -> FaultInjector:
+        env = FaultEnvironment(
+            run_id=run_id,
+            records=self.records,
+            zk_hosts=self.settings.zk_hosts,
+            session_timeout=self.settings.session_timeout,
+            fleet=self.fleet,
+            zookeeper=self.zookeeper,
+            broker=self.broker,
+        )
+        return FaultInjector(env, {}, target_timeout=20.0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """ZooKeeper, a persistent broker Redis, a records Redis, and three workers: prefork,
+    threads, and (as root) threads in a network namespace."""
+    with contextlib.ExitStack() as cleanup:
+        namespace = None
+        if NETNS_MISSING is None:
+            namespace = Namespace.create("tf")
+            cleanup.callback(namespace.delete)
+        bind = [namespace.redis_address] if namespace is not None else []
+        zookeeper = ZooKeeperServer(
+            client_address="0.0.0.0" if namespace is not None else "127.0.0.1"
+        )
+        broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
+        records_server = RedisServer(bind=bind)
+        for server in (zookeeper, broker, records_server):
+            cleanup.callback(server.stop)
+            server.start()
+        settings = Settings(
+            zk_hosts=zookeeper.hosts,
+            broker_url=broker.url,
+            result_backend=records_server.url,
+            record_url=records_server.url,
+            session_timeout=SESSION_TIMEOUT,
+            visibility_timeout=VISIBILITY_TIMEOUT,
+        )
+        app = create_app(settings, main="test-faults")
+        cleanup.callback(app.close)
+        specs = [WorkerSpec("prefork", "prefork", 2), WorkerSpec("threads", "threads", 2)]
+        if namespace is not None:
+            specs.append(WorkerSpec("netns", "threads", 2, namespace))
+        fleet = Fleet(app, settings, specs, uuid.uuid4().hex[:8], tmp_path_factory.mktemp("fleet"))
+        cleanup.callback(fleet.stop)
+        fleet.start()
+        records = redis.Redis.from_url(records_server.url)
+        cleanup.callback(records.close)
+        yield Stack(zookeeper, broker, settings, app, fleet, records, namespace)
+
+
+def _send(stack: Stack, worker: FleetWorker, run_id: str, hold_ms: int = HOLD_MS) -> Any:
+    """An exclusive section of ``hold_ms`` on a key of its own, run by ``worker``."""
+    return stack.app.tasks[TASK_FOR_MODE["exclusive"]].apply_async(
+        (run_id, f"key-{run_id}", hold_ms), queue=worker_direct(worker.nodename)
+    )
+
+
+def _entered(stack: Stack, run_id: str, task_id: str) -> SectionEvent:
+    sections = OpenSections(stack.records, run_id)
+    found: list[SectionEvent] = []
+
+    def entered() -> bool:
+        found[:] = [e for e in sections.refresh() if e.task_id == task_id]
+        return bool(found)
+
+    assert wait_until(entered, timeout=30), f"task {task_id} never entered its section"
+    return found[0]
+
+
+def _events(stack: Stack, run_id: str) -> list[SectionEvent]:
+    return SectionRecorder(stack.records, run_id).events()
+
+
+def _inject(stack: Stack, run_id: str, kind: str) -> Any:
+    injector = stack.injector(run_id)
+    try:
+        record = injector.inject(kind)
+        injector.revive()
+        return record
+    finally:
+        injector.close()
+
+
+def _failure(result: Any, timeout: float = 30) -> str:
+    result.get(timeout=timeout, propagate=False)
+    assert result.state == "FAILURE", (result.state, result.result)
+    return type(result.result).__name__
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_kill_of_a_prefork_pool_process(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("prefork")
+    main = worker.pid
+    result = _send(stack, worker, run_id)
+    enter = _entered(stack, run_id, result.id)
+    assert enter.pid in descendants(main or 0)
+
+    record = _inject(stack, run_id, "kill")
+
+    assert record.ran, record.detail
+    assert f"pid {enter.pid}" in record.target and "pool process" in record.target
+    assert not pid_alive(enter.pid)
+    kinds = [(e.kind, e.pid) for e in _events(stack, run_id)]
+    assert kinds.index(("killed", enter.pid)) > kinds.index(("enter", enter.pid))
+    # The worker lives on and its pool replaces the process.
+    assert worker.pid == main and worker.is_running()
+    assert wait_until(lambda: len(descendants(main or 0)) == 2, timeout=15)
+    assert enter.pid not in descendants(main or 0)
+
+
+def test_kill_of_a_threads_worker_restarts_it_and_its_task_runs_again(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("threads")
+    before = worker.pid
+    result = _send(stack, worker, run_id, hold_ms=1500)
+    enter = _entered(stack, run_id, result.id)
+    assert enter.pid == before  # threads: the main process runs the bodies
+
+    record = _inject(stack, run_id, "kill")
+
+    assert record.ran and "main process" in record.target, record
+    assert before is not None and not pid_alive(before)
+    assert worker.is_running() and worker.pid != before
+    # Its message comes back after the visibility timeout and runs in the new process.
+    value = result.get(timeout=VISIBILITY_TIMEOUT + 30)
+    assert value["pid"] == worker.pid and value["token"] != enter.token
+    kinds = [(e.kind, e.pid) for e in _events(stack, run_id)]
+    assert kinds.index(("enter", before)) < kinds.index(("killed", before))
+    assert kinds.index(("killed", before)) < kinds.index(("enter", worker.pid))
+    assert kinds[-1] == ("exit", worker.pid)
+
+
+def test_pause_past_the_session_timeout_ends_the_task_with_lock_lost(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("prefork")
+    result = _send(stack, worker, run_id)
+    enter = _entered(stack, run_id, result.id)
+
+    record = _inject(stack, run_id, "pause")
+
+    assert record.ran and "SIGCONT" in record.detail, record
+    assert "expired its session" in record.detail
+    assert pid_alive(enter.pid) and _process_state(enter.pid) != "T"  # resumed, not killed
+    assert _failure(result) == "LockLost"
+    exits = [e for e in _events(stack, run_id) if e.kind == "exit"]
+    assert [e.outcome for e in exits] == ["lost"]
+
+
+def test_expire_ends_the_holders_task_with_lock_lost(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("threads")
+    result = _send(stack, worker, run_id)
+    enter = _entered(stack, run_id, result.id)
+
+    record = _inject(stack, run_id, "expire")
+
+    assert record.ran and "lock node went after" in record.detail, record
+    assert "still there" not in record.detail
+    assert _failure(result) == "LockLost"
+    assert pid_alive(enter.pid)
+    exits = [e for e in _events(stack, run_id) if e.kind == "exit"]
+    assert [e.outcome for e in exits] == ["lost"]
+
+
+@pytest.mark.skipif(NETNS_MISSING is not None, reason=f"no network namespaces: {NETNS_MISSING}")
+def test_partition_cuts_the_worker_off_zookeeper_then_heals(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("netns")
+    result = _send(stack, worker, run_id)
+    _entered(stack, run_id, result.id)
+
+    record = _inject(stack, run_id, "partition")
+
+    assert record.ran and "then healed" in record.detail, record
+    assert stack.namespace is not None and not stack.namespace.cut_now
+    assert _failure(result) == "LockLost"
+    # Healed: the same worker takes a lock again (a new session) and finishes a section.
+    again = _send(stack, worker, run_id, hold_ms=50)
+    assert again.get(timeout=30)["pid"] == worker.pid
+
+
+@pytest.mark.skipif(NETNS_MISSING is not None, reason=f"no network namespaces: {NETNS_MISSING}")
+def test_a_cut_namespace_link_drops_traffic_until_healed() -> None:
+    namespace = Namespace.create("cut")
+    try:
+        with socket.create_server((namespace.zookeeper_address, 0)) as server:
+            port = server.getsockname()[1]
+            probe = (
+                "import socket; socket.create_connection("
+                f"({namespace.zookeeper_address!r}, {port}), timeout=1)"
+            )
+
+            def connects() -> bool:
+                argv = namespace.argv([sys.executable, "-c", probe])
+                return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+
+            assert connects()
+            namespace.cut()
+            assert not connects()
+            namespace.heal()
+            assert connects()
+    finally:
+        namespace.delete()
+    assert (
+        namespace.name
+        not in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+
+def test_a_persistent_redis_keeps_its_data_across_a_crash_restart() -> None:
+    with RedisServer(appendonly=True, appendfsync="always") as persistent, RedisServer() as plain:
+        for server in (persistent, plain):
+            client = redis.Redis.from_url(server.url)
+            client.rpush("queue", "m1", "m2")
+            client.close()
+            down = server.restart()  # SIGKILL, then start again on the same port
+            assert down < 10
+            client = redis.Redis.from_url(server.url)
+            kept = client.lrange("queue", 0, -1)
+            client.close()
+            assert kept == ([b"m1", b"m2"] if server is persistent else [])
+
+
+def test_broker_restart_under_running_and_queued_tasks_loses_nothing(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("prefork")
+    # Both pool processes busy, so the third message waits in the broker's list (a message a
+    # worker is popping at the instant of a crash is a different story: kombu's Redis
+    # transport loses it, whatever the persistence).
+    running = [_send(stack, worker, f"{run_id}{i}", hold_ms=2500) for i in range(2)]
+    for i, result in enumerate(running):
+        _entered(stack, f"{run_id}{i}", result.id)
+    queued = _send(stack, worker, run_id, hold_ms=50)
+
+    record = _inject(stack, run_id, "redis_restart")
+
+    assert record.ran and "down" in record.detail, record
+    # A worker whose broker connection broke under a running task may crash (a kombu bug) a
+    # moment later: the fleet restarts it, as a load test run does, until every task is done.
+    sent = [*running, queued]
+    injector = stack.injector(run_id)
+    try:
+        assert wait_until(
+            lambda: injector.revive() is None and all(r.ready() for r in sent),
+            timeout=VISIBILITY_TIMEOUT + 40,
+            interval=0.25,
+        ), [r.state for r in sent]
+    finally:
+        injector.close()
+    for result in sent:
+        assert result.get(timeout=1)["accepted"] is True
+    assert all(w.is_running() for w in stack.fleet)
+
+
+@pytest.mark.ensemble
+def test_leader_kill_elects_another_and_restarts_the_old_one(
+    zk_ensemble: ZooKeeperEnsemble, redis_url: str
+) -> None:
+    records = redis.Redis.from_url(redis_url)
+    old = zk_ensemble.leader()
+    env = FaultEnvironment(
+        run_id=uuid.uuid4().hex[:10],
+        records=records,
+        zk_hosts=zk_ensemble.hosts,
+        session_timeout=SESSION_TIMEOUT,
+        zookeeper=zk_ensemble,
+    )
+    injector = FaultInjector(env, {}, target_timeout=0.1)  # no load to wait for here
+    try:
+        record = injector.inject("leader")
+    finally:
+        injector.close()
+        records.close()
+    assert record.ran, record.detail
+    assert record.target.startswith(f"ZooKeeper node {old} ")
+    new = zk_ensemble.leader()
+    assert new != old
+    assert all(node.mode() in ("leader", "follower") for node in zk_ensemble.nodes)
+
+
+def test_faults_that_need_local_processes_are_recorded_as_not_run(
+    zk_hosts: str, redis_url: str
+) -> None:
+    records = redis.Redis.from_url(redis_url)
+    env = FaultEnvironment(
+        run_id=uuid.uuid4().hex[:10],
+        records=records,
+        zk_hosts=zk_hosts,
+        session_timeout=SESSION_TIMEOUT,
+    )
+    injector = FaultInjector(env, {}, target_timeout=0.1)
+    try:
+        outcomes = {kind: injector.inject(kind) for kind in FAULT_KINDS if kind != "expire"}
+        # expire needs only ZooKeeper, but a holder: none here.
+        expire = injector.inject("expire")
+    finally:
+        injector.close()
+        records.close()
+    for kind, record in outcomes.items():
+        assert not record.ran, kind
+        assert record.detail, kind
+    assert "external run" in outcomes["kill"].detail
+    assert "ensemble" in outcomes["leader"].detail
+    assert not expire.ran and "was not inside a section" in expire.detail

@@ -1,0 +1,828 @@
+"""``celery-zklock loadtest``: a workload of locked tasks on a worker fleet, with faults, checked.
+
+A run (:func:`run_loadtest`):
+
+1. **Stack.** Locally (the default): ZooKeeper (standalone, or an ensemble with
+   ``--zk-nodes 3``), a persistent broker Redis (append-only file, fsync on every write, so a
+   restart loses no message) and a second Redis for results, section records and the fence,
+   outside the reach of any fault; then a fleet of ``--workers`` workers (:mod:`workers.fleet`)
+   cycling through ``--pools``. When partitions are asked for and this process may create
+   network namespaces (root, iproute2), ``--netns-workers`` of them (default 1) run in one
+   (:mod:`workers.netns`). With ``--zk-hosts``/``--broker`` it runs against an existing fleet
+   instead (the compose one): nothing is started, and faults that need local processes are
+   recorded as not run.
+2. **Workload.** ``--tasks`` tasks (:func:`plan_workload`, deterministic for ``--seed``) over
+   ``--keys`` keys: shared sections with probability ``--shared-ratio``, else exclusive; each
+   one skips when busy with probability ``--skip-ratio``, else waits up to ``--wait-timeout``;
+   holds ``--hold-ms`` +-50%. They are sent evenly over ``--duration`` seconds (by default: all
+   at once without faults, as long as the faults need with them); while faults are still due,
+   the last quarter is sent only as the fleet has room, so there is always a section to aim at.
+3. **Faults** (:mod:`workers.faults`), from the main thread, while a second thread sends and a
+   third collects the tasks' final states (with a deadline: ``--timeout`` after the last send).
+4. **Verdict.** The znodes left under the lock root are counted (once empty lock parents were
+   reaped, or at a deadline), the section records, fault records and final states are checked
+   (:func:`workers.checker.check_run`), the reports written to ``--out``
+   (:func:`workers.report.write_reports`), and the summary printed, ending with the line::
+
+       zklock-report: tasks=N ran=R skipped=S failed=F lost=L violations=V
+           stale_writes_accepted=W leftover_nodes=K
+
+Exit status 0 only if the report is ok (no violation, stale write accepted, lost task or
+leftover node); 1 otherwise or when the run could not start. A live progress line goes to
+stderr (a plain line every few seconds when stderr is not a terminal). Every process started
+is stopped, and every namespace removed, before it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import redis
+from celery import Celery
+from celery.backends.base import KeyValueStoreBackend
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from celery_zklock import is_skipped
+from celery_zklock.cli import Subcommand
+from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
+from workers.app import create_app
+from workers.checker import RunReport, TaskOutcome, check_run
+from workers.faults import (
+    FaultEnvironment,
+    FaultInjector,
+    describe_plan,
+    parse_faults,
+    quiet_kazoo_logger,
+)
+from workers.fleet import Fleet, WorkerSpec
+from workers.netns import Namespace, NetnsError, unavailable_reason
+from workers.record import FaultLog, FaultRecord, Mode, SectionRecorder
+from workers.report import write_reports
+from workers.settings import POOLS, Settings
+from workers.tasks import TASK_FOR_MODE
+
+__all__ = [
+    "COMMAND",
+    "External",
+    "LoadConfig",
+    "WorkItem",
+    "config_from_args",
+    "configure_parser",
+    "count_nodes",
+    "main",
+    "plan_workload",
+    "run_loadtest",
+]
+
+POLL: Final = 0.25
+RESULT_KEY_PREFIX: Final = str(KeyValueStoreBackend.task_keyprefix)
+RESERVE_SHARE: Final = 0.25
+# Rough seconds one fault takes (plus the session timeout for the ones that wait for an expiry),
+# to size the default duration of a run with faults.
+FAULT_SECONDS: Final[Mapping[str, float]] = {
+    "kill": 3.0,
+    "pause": 2.0,
+    "expire": 1.0,
+    "leader": 4.0,
+    "partition": 2.5,
+    "redis_restart": 2.0,
+}
+WAITS_FOR_EXPIRY: Final = frozenset({"pause", "partition"})
+
+
+@dataclass(frozen=True)
+class External:
+    """An existing fleet to run against (``--zk-hosts``, ``--broker``, ...)."""
+
+    zk_hosts: str
+    broker: str
+    record_url: str
+    result_backend: str
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """A run's knobs; see the module docstring and ``--help``."""
+
+    tasks: int = 200
+    keys: int = 8
+    shared_ratio: float = 0.3
+    skip_ratio: float = 0.3
+    hold_ms: int = 200
+    duration: float | None = None
+    workers: int = 4
+    pools: tuple[str, ...] = ("prefork", "threads")
+    concurrency: int = 2
+    session_timeout: float = 10.0
+    zk_nodes: int = 1
+    faults: Mapping[str, int] = field(default_factory=dict)
+    seed: int = 0
+    out_dir: Path | None = None
+    wait_timeout: float = 20.0
+    visibility_timeout: float | None = None
+    result_timeout: float | None = None
+    start_timeout: float = 90.0
+    netns_workers: int | None = None
+    fault_gap: float = 1.0
+    zk_root: str = "/zklock"
+    external: External | None = None
+    keep_logs: bool = False
+    progress: bool | None = None
+    name: str = "loadtest"
+
+    def effective_visibility_timeout(self) -> float:
+        """The broker's visibility timeout: longer than a task may take (wait, then hold)."""
+        if self.visibility_timeout is not None:
+            return self.visibility_timeout
+        return self.wait_timeout + 3 * self.hold_ms / 1000.0 + 10.0
+
+    def effective_result_timeout(self) -> float:
+        """Seconds to wait for final states after the last send: enough for a message to be
+        redelivered twice (a worker died holding it), unless set."""
+        if self.result_timeout is not None:
+            return self.result_timeout
+        return 2 * self.effective_visibility_timeout() + 20.0
+
+    def effective_duration(self) -> float:
+        """Seconds over which the tasks are sent."""
+        if self.duration is not None:
+            return self.duration
+        faults = sum(
+            n * (FAULT_SECONDS[kind] + self.fault_gap)
+            + n * (self.session_timeout if kind in WAITS_FOR_EXPIRY else 0.0)
+            for kind, n in self.faults.items()
+        )
+        return 1.15 * faults
+
+    def effective_netns_workers(self) -> int:
+        if self.netns_workers is not None:
+            return self.netns_workers
+        return 1 if self.faults.get("partition") else 0
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One task to send."""
+
+    mode: Mode
+    on_busy: str
+    key: str
+    hold_ms: int
+
+
+def plan_workload(config: LoadConfig) -> list[WorkItem]:
+    """``config.tasks`` items; deterministic for ``config.seed`` (see the module docstring)."""
+    rng = random.Random(config.seed)
+    return [
+        WorkItem(
+            mode="shared" if rng.random() < config.shared_ratio else "exclusive",
+            on_busy="skip" if rng.random() < config.skip_ratio else "wait",
+            key=f"key-{rng.randrange(config.keys)}",
+            hold_ms=max(1, round(config.hold_ms * rng.uniform(0.5, 1.5))),
+        )
+        for _ in range(config.tasks)
+    ]
+
+
+# ---------------------------------------------------------------------------- the run's parts
+
+
+@dataclass
+class _Run:
+    """What a run has started (and must stop) and talks to."""
+
+    run_id: str
+    settings: Settings
+    app: Celery
+    records: Any
+    fleet: Fleet | None = None
+    zookeeper: ZooKeeperServer | ZooKeeperEnsemble | None = None
+    broker: RedisServer | None = None
+    namespaces: list[Namespace] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _Progress:
+    """Counts shared by the sender, the collector and the progress line."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.lock = threading.Lock()
+        self.submitted: dict[str, float] = {}
+        self.outcomes: dict[str, TaskOutcome] = {}
+        self.sending_done = threading.Event()
+        self.collecting_done = threading.Event()
+        self.send_error: BaseException | None = None
+        self.collect_error: BaseException | None = None
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return len(self.submitted) - len(self.outcomes)
+
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """submitted, final, ran, skipped, failed"""
+        with self.lock:
+            outcomes = list(self.outcomes.values())
+            submitted = len(self.submitted)
+        skipped = sum(o.skipped for o in outcomes)
+        failed = sum(o.state != "SUCCESS" for o in outcomes)
+        return submitted, len(outcomes), len(outcomes) - skipped - failed, skipped, failed
+
+
+def _send_all(
+    app: Celery,
+    run_id: str,
+    plan: Sequence[WorkItem],
+    config: LoadConfig,
+    progress: _Progress,
+    faults_pending: Callable[[], bool],
+    min_in_flight: int,
+    stop: threading.Event,
+) -> None:
+    """Send ``plan`` on its schedule (see the module docstring); runs in its own thread."""
+    try:
+        duration = config.effective_duration()
+        reserve_from = math.floor(len(plan) * (1 - RESERVE_SHARE)) if faults_pending() else None
+        started = time.monotonic()
+        for index, item in enumerate(plan):
+            due = started + duration * index / len(plan)
+            if stop.wait(max(0.0, due - time.monotonic())):
+                return
+            if reserve_from is not None and index >= reserve_from:
+                while faults_pending() and progress.in_flight() >= min_in_flight:
+                    if stop.wait(POLL):
+                        return
+            result = app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
+                (run_id, item.key, item.hold_ms),
+                zklock={"on_busy": item.on_busy, "timeout": config.wait_timeout},
+            )
+            with progress.lock:
+                progress.submitted[str(result.id)] = time.time()
+    except BaseException as exc:
+        progress.send_error = exc
+    finally:
+        progress.sending_done.set()
+
+
+def _collect(
+    client: Any,
+    progress: _Progress,
+    timeout: float,
+    stop: threading.Event,
+    on_done: Callable[[], None],
+) -> None:
+    """Poll the result backend until every sent task is final, or ``timeout`` s after the last
+    send; runs in its own thread. Results are read straight from Redis (one MGET a round)."""
+    deadline: float | None = None
+    try:
+        while not stop.is_set():
+            with progress.lock:
+                pending = [t for t in progress.submitted if t not in progress.outcomes]
+            if pending:
+                keys = [f"{RESULT_KEY_PREFIX}{t}" for t in pending]
+                for task_id, raw in zip(pending, client.mget(keys), strict=True):
+                    outcome = _outcome(task_id, raw)
+                    if outcome is not None:
+                        with progress.lock:
+                            progress.outcomes[task_id] = outcome
+            if progress.sending_done.is_set():
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                if progress.in_flight() == 0 or time.monotonic() >= deadline:
+                    return
+            stop.wait(POLL)
+    except BaseException as exc:
+        progress.collect_error = exc
+    finally:
+        progress.collecting_done.set()
+        on_done()
+
+
+def _outcome(task_id: str, raw: bytes | None) -> TaskOutcome | None:
+    """The final outcome in a stored result, or None if there is none (yet)."""
+    if raw is None:
+        return None
+    meta = json.loads(raw)
+    state = str(meta.get("status"))
+    if state == "SUCCESS":
+        return TaskOutcome(task_id, state, skipped=is_skipped(meta.get("result")))
+    if state in ("FAILURE", "REVOKED"):
+        result = meta.get("result")
+        if isinstance(result, dict) and "exc_type" in result:
+            message = result.get("exc_message")
+            if isinstance(message, list):
+                message = " ".join(str(m) for m in message)
+            return TaskOutcome(task_id, state, reason=f"{result['exc_type']}: {message}")
+        return TaskOutcome(task_id, state, reason=state)
+    return None
+
+
+@contextlib.contextmanager
+def _progress_line(
+    progress: _Progress, injector: FaultInjector | None, stream: TextIO, enabled: bool | None
+) -> Iterator[None]:
+    """Keep a progress line on ``stream`` while the block runs (see the module docstring)."""
+    if enabled is False:
+        yield
+        return
+    tty = stream.isatty()
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def line() -> str:
+        submitted, final, ran, skipped, failed = progress.counts()
+        width = 24
+        filled = round(width * final / progress.total) if progress.total else width
+        faults = f" | faults {injector.done}/{injector.total}" if injector is not None else ""
+        return (
+            f"[{'#' * filled}{'.' * (width - filled)}] {final}/{progress.total} done "
+            f"(ran {ran}, skipped {skipped}, failed {failed}) | sent {submitted}{faults} | "
+            f"{time.monotonic() - started:.0f} s"
+        )
+
+    def loop() -> None:
+        while not stop.wait(0.2 if tty else 5.0):
+            stream.write(f"\r\x1b[K{line()}" if tty else f"progress: {line()}\n")
+            stream.flush()
+
+    thread = threading.Thread(target=loop, name="zklock-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        stream.write(f"\r\x1b[K{line()}\n" if tty else f"progress: {line()}\n")
+        stream.flush()
+
+
+# ------------------------------------------------------------------------------------ stack
+
+
+def _start_local(
+    config: LoadConfig, run_id: str, log_dir: Path, cleanup: contextlib.ExitStack
+) -> _Run:
+    """Start namespaces, ZooKeeper, both Redis servers and the fleet; register their stops."""
+    notes: list[str] = []
+    namespaces: list[Namespace] = []
+    wanted = config.effective_netns_workers()
+    if wanted:
+        reason = unavailable_reason()
+        if reason is not None:
+            notes.append(f"partition faults will not run: {reason}")
+        else:
+            for index in range(wanted):
+                namespace = Namespace.create(f"{run_id[:3]}{index}")
+                cleanup.callback(namespace.delete)
+                namespaces.append(namespace)
+    # Workers in a namespace reach ZooKeeper through their link's host address, not loopback.
+    address = "0.0.0.0" if namespaces else "127.0.0.1"
+    zookeeper: ZooKeeperServer | ZooKeeperEnsemble = (
+        ZooKeeperEnsemble(config.zk_nodes, client_address=address)
+        if config.zk_nodes > 1
+        else ZooKeeperServer(client_address=address)
+    )
+    bind = [namespace.redis_address for namespace in namespaces]
+    broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
+    records = RedisServer(bind=bind)
+    for server in (zookeeper, broker, records):
+        cleanup.callback(server.stop)
+        server.start(timeout=config.start_timeout)
+    settings = Settings(
+        zk_hosts=zookeeper.hosts,
+        broker_url=broker.url,
+        result_backend=records.url,
+        record_url=records.url,
+        session_timeout=config.session_timeout,
+        zk_root=config.zk_root,
+        visibility_timeout=config.effective_visibility_timeout(),
+    )
+    run = _client_side(config, run_id, settings, cleanup)
+    specs = []
+    for index in range(config.workers):
+        pool = config.pools[index % len(config.pools)]
+        in_netns = index >= config.workers - len(namespaces)
+        netns = namespaces[index - (config.workers - len(namespaces))] if in_netns else None
+        specs.append(WorkerSpec(f"{pool}{index + 1}", pool, config.concurrency, netns))
+    fleet = Fleet(run.app, settings, specs, run_id, log_dir)
+    cleanup.callback(fleet.stop)
+    fleet.start(timeout=config.start_timeout)
+    return replace(
+        run, fleet=fleet, zookeeper=zookeeper, broker=broker, namespaces=namespaces, notes=notes
+    )
+
+
+def _client_side(
+    config: LoadConfig, run_id: str, settings: Settings, cleanup: contextlib.ExitStack
+) -> _Run:
+    """The sending app and the records client (closed at the end)."""
+    app = create_app(settings, main=f"zklock-{config.name}")
+    # Results are read straight from Redis (_collect): no result subscription per sent task.
+    app.conf.result_backend = "disabled://"
+    cleanup.callback(app.close)
+    records = redis.Redis.from_url(settings.record_url)
+    cleanup.callback(records.close)
+    return _Run(run_id=run_id, settings=settings, app=app, records=records)
+
+
+def _start_external(
+    config: LoadConfig, external: External, run_id: str, cleanup: contextlib.ExitStack
+) -> _Run:
+    settings = Settings(
+        zk_hosts=external.zk_hosts,
+        broker_url=external.broker,
+        result_backend=external.result_backend,
+        record_url=external.record_url,
+        session_timeout=config.session_timeout,
+        zk_root=config.zk_root,
+    )
+    run = _client_side(config, run_id, settings, cleanup)
+    deadline = time.monotonic() + config.start_timeout
+    while not run.app.control.ping(timeout=1.0):
+        if time.monotonic() >= deadline:
+            raise StackError(
+                f"no worker answered a ping on {external.broker} within "
+                f"{config.start_timeout:.0f} s"
+            )
+    run.notes.append(
+        "external run: kill, pause, leader, partition and redis_restart faults need local "
+        "processes and are recorded as not run"
+    )
+    return run
+
+
+def count_nodes(client: KazooClient, path: str) -> int:
+    """Znodes strictly below ``path`` (0 if it does not exist)."""
+    try:
+        children = client.get_children(path)
+    except NoNodeError:
+        return 0
+    return sum(1 + count_nodes(client, f"{path.rstrip('/')}/{child}") for child in children)
+
+
+def _leftover_nodes(hosts: str, root: str, timeout: float) -> int:
+    """Znodes under ``root`` once the server reaped what it will (or at the deadline)."""
+    client = KazooClient(hosts=hosts, logger=quiet_kazoo_logger())
+    client.start(timeout=15)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            count = count_nodes(client, root)
+            if count == 0 or time.monotonic() >= deadline:
+                return count
+            time.sleep(POLL)
+    finally:
+        client.stop()
+        client.close()
+
+
+# ----------------------------------------------------------------------------------- the run
+
+
+def run_loadtest(config: LoadConfig, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run a load test with ``config``; print to ``out`` (default ``sys.stdout``) and the
+    progress line to ``err`` (default ``sys.stderr``); return the exit status."""
+
+    def say(line: str = "") -> None:
+        print(line, file=out or sys.stdout, flush=True)
+
+    run_id = uuid.uuid4().hex[:12]
+    began = time.monotonic()
+    out_dir = config.out_dir or Path(tempfile.gettempdir()) / f"zklock-{config.name}-{run_id}"
+    say(f"celery-zklock {config.name}, run {run_id}")
+    with contextlib.ExitStack() as cleanup:
+        try:
+            log_dir = _log_dir(config, out_dir, cleanup)
+            if config.external is not None:
+                run = _start_external(config, config.external, run_id, cleanup)
+            else:
+                run = _start_local(config, run_id, log_dir, cleanup)
+        except (StackError, NetnsError) as exc:
+            say(f"celery-zklock {config.name}: could not start: {exc}")
+            return 1
+        _describe_start(config, run, log_dir, time.monotonic() - began, say)
+        report = _drive(config, run, err or sys.stderr, say)
+        paths = write_reports(report, out_dir)
+        say(f"reports: {paths['html']} (also report.json, summary.txt)")
+        lines = report.summary_lines()
+        for line in lines:
+            say(line)
+        if not lines or lines[-1] != report.report_line():
+            say(report.report_line())
+        return 0 if report.ok else 1
+    raise AssertionError("unreachable")  # the with block returns
+
+
+def _log_dir(config: LoadConfig, out_dir: Path, cleanup: contextlib.ExitStack) -> Path:
+    if config.keep_logs:
+        directory = out_dir / "logs"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+    directory = make_temp_dir("zklock-fleet-")
+    cleanup.callback(remove_temp_dir, directory)
+    return directory
+
+
+def _describe_start(
+    config: LoadConfig, run: _Run, log_dir: Path, took: float, say: Callable[[str], None]
+) -> None:
+    if run.zookeeper is not None:
+        kind = f"{config.zk_nodes}-node ensemble" if config.zk_nodes > 1 else "standalone"
+        say(f"stack: ZooKeeper {run.settings.zk_hosts} ({kind}), up in {took:.1f} s")
+        say(f"  broker Redis {run.settings.broker_url} (append-only, fsync always)")
+        say(f"  records, fence and results Redis {run.settings.record_url}")
+    else:
+        say(f"external fleet: ZooKeeper {run.settings.zk_hosts}, broker {run.settings.broker_url}")
+    for worker in run.fleet or ():
+        say(f"worker {worker.describe()}")
+    if run.fleet is not None and config.keep_logs:
+        say(f"worker logs: {log_dir}")
+    say(
+        f"workload: {config.tasks} tasks over {config.keys} keys, "
+        f"shared {config.shared_ratio:.0%}, "
+        f"skip when busy {config.skip_ratio:.0%} (else wait up to {config.wait_timeout:.0f} s), "
+        f"hold {config.hold_ms} ms +-50%, sent over {config.effective_duration():.0f} s; "
+        f"session timeout {run.settings.session_timeout:g} s, visibility timeout "
+        f"{run.settings.visibility_timeout:g} s"
+    )
+    say(f"faults: {describe_plan(config.faults)}")
+    for note in run.notes:
+        say(f"note: {note}")
+
+
+def _drive(config: LoadConfig, run: _Run, err: TextIO, say: Callable[[str], None]) -> RunReport:
+    """Send, inject, collect; then count leftovers and check everything."""
+    plan = plan_workload(config)
+    progress = _Progress(len(plan))
+    injector = (
+        FaultInjector(
+            FaultEnvironment(
+                run_id=run.run_id,
+                records=run.records,
+                zk_hosts=run.settings.zk_hosts,
+                session_timeout=run.settings.session_timeout,
+                fleet=run.fleet,
+                zookeeper=run.zookeeper,
+                broker=run.broker,
+            ),
+            config.faults,
+            seed=config.seed,
+            gap=config.fault_gap,
+        )
+        if config.faults
+        else None
+    )
+    stop = threading.Event()
+    slots = sum(w.spec.concurrency for w in run.fleet) if run.fleet is not None else 4
+    sender = threading.Thread(
+        target=_send_all,
+        args=(run.app, run.run_id, plan, config, progress),
+        kwargs={
+            "faults_pending": injector.pending if injector is not None else lambda: False,
+            "min_in_flight": slots,
+            "stop": stop,
+        },
+        name="zklock-sender",
+        daemon=True,
+    )
+    collector = threading.Thread(
+        target=_collect,
+        args=(run.records, progress, config.effective_result_timeout(), stop),
+        kwargs={"on_done": injector.stop if injector is not None else lambda: None},
+        name="zklock-collector",
+        daemon=True,
+    )
+    started = time.monotonic()
+    try:
+        with _progress_line(progress, injector, err, config.progress):
+            sender.start()
+            collector.start()
+            if injector is not None:
+                injector.run()  # here, in the main thread: it restarts processes
+            while not progress.collecting_done.wait(POLL):
+                if injector is not None:
+                    injector.revive()
+                elif run.fleet is not None:
+                    run.fleet.revive()
+    finally:
+        stop.set()
+        if injector is not None:
+            injector.close()
+        sender.join(timeout=30)
+        collector.join(timeout=30)
+    elapsed = time.monotonic() - started
+    if progress.send_error is not None:
+        say(f"sending stopped early: {progress.send_error!r}")
+    if progress.collect_error is not None:
+        say(f"collecting results stopped early: {progress.collect_error!r}")
+    for record in injector.records if injector is not None else ():
+        say(_fault_line(record))
+    for label, status, at in run.fleet.unexpected_exits if run.fleet is not None else ():
+        say(
+            f"worker {label} exited on its own (status {status}) at "
+            f"{time.strftime('%H:%M:%S', time.localtime(at))} and was restarted (see its log)"
+        )
+    reap_timeout = 2 * run.settings.session_timeout + 15.0
+    leftovers = _leftover_nodes(run.settings.zk_hosts, run.settings.zk_root, reap_timeout)
+    events = SectionRecorder(run.records, run.run_id).events()
+    faults = FaultLog(run.records, run.run_id).records()
+    with progress.lock:
+        submitted, outcomes = dict(progress.submitted), dict(progress.outcomes)
+    say(f"tasks sent and settled in {elapsed:.1f} s")
+    return check_run(
+        submitted=submitted,
+        outcomes=outcomes,
+        events=events,
+        faults=faults,
+        leftover_nodes=leftovers,
+    )
+
+
+def _fault_line(record: FaultRecord) -> str:
+    at = time.strftime("%H:%M:%S", time.localtime(record.time))
+    if not record.ran:
+        return f"fault {record.kind} at {at}: NOT RUN: {record.detail}"
+    return f"fault {record.kind} at {at}: {record.target}: {record.detail}"
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | None = None) -> None:
+    """Add the load test's options to ``parser``, with ``defaults`` (LoadConfig()'s if None)."""
+    d = defaults or LoadConfig()
+    add = parser.add_argument
+    add("--tasks", type=_positive_int, default=d.tasks, help=f"tasks to send ({d.tasks})")
+    add("--keys", type=_positive_int, default=d.keys, help=f"distinct lock keys ({d.keys})")
+    add("--shared-ratio", type=_ratio, default=d.shared_ratio,
+        help=f"share of shared (read) sections, 0..1 ({d.shared_ratio})")  # fmt: skip
+    add("--skip-ratio", type=_ratio, default=d.skip_ratio,
+        help=f"share of tasks that skip when busy; the rest wait ({d.skip_ratio})")  # fmt: skip
+    add("--hold-ms", type=_positive_int, default=d.hold_ms,
+        help=f"time a section holds its lock, +-50%% ({d.hold_ms})")  # fmt: skip
+    add("--duration", type=_seconds, default=d.duration,
+        help="seconds over which to send the tasks (default: at once without faults, as "
+        "long as the faults need with them)")  # fmt: skip
+    add("--wait-timeout", type=_seconds, default=d.wait_timeout,
+        help=f"seconds a waiting task waits for its lock ({d.wait_timeout:g})")  # fmt: skip
+    add("--workers", type=_positive_int, default=d.workers,
+        help=f"worker processes to start ({d.workers})")  # fmt: skip
+    add("--pools", type=_pools, default=d.pools,
+        help=f"their pools, cycled through ({','.join(d.pools)})")  # fmt: skip
+    add("--concurrency", type=_positive_int, default=d.concurrency,
+        help=f"processes/threads per worker ({d.concurrency})")  # fmt: skip
+    add("--session-timeout", type=_seconds, default=d.session_timeout,
+        help=f"ZooKeeper session timeout of the workers, s ({d.session_timeout:g})")  # fmt: skip
+    add("--zk-nodes", type=_positive_int, default=d.zk_nodes,
+        help=f"1 = standalone ZooKeeper, N = an N-node ensemble ({d.zk_nodes})")  # fmt: skip
+    add("--faults", type=parse_faults, default=dict(d.faults), metavar="KIND:N,...",
+        help="faults to inject: kill, pause, expire, leader, partition, redis_restart, or all "
+        f"(e.g. kill:3,pause:3 or all:3; default: {describe_plan(d.faults)})")  # fmt: skip
+    add("--fault-gap", type=_seconds, default=d.fault_gap,
+        help=f"seconds between two faults ({d.fault_gap:g})")  # fmt: skip
+    add("--netns-workers", type=int, default=d.netns_workers,
+        help="workers run in a network namespace for partitions (default 1 with partition "
+        "faults, else 0)")  # fmt: skip
+    add("--visibility-timeout", type=_seconds, default=d.visibility_timeout,
+        help="broker redelivery timeout, s (default: wait timeout + 3 holds + 10)")  # fmt: skip
+    add("--timeout", type=_seconds, default=d.result_timeout,
+        help="seconds to wait for final states after the last send (default: twice the "
+        "visibility timeout + 20)")  # fmt: skip
+    add("--seed", type=int, default=d.seed, help=f"workload and fault order seed ({d.seed})")
+    add("--out", type=Path, default=d.out_dir,
+        help="directory for report.json, summary.txt and report.html (default: a new one "
+        "in the temp directory)")  # fmt: skip
+    add("--keep-logs", action="store_true", default=d.keep_logs,
+        help="keep the worker logs in OUT/logs")  # fmt: skip
+    add("--no-progress", action="store_true", help="no progress line on stderr")
+    external = parser.add_argument_group(
+        "external fleet (e.g. compose): nothing is started; process faults do not run"
+    )
+    external.add_argument("--zk-hosts", help="ZooKeeper connection string of the fleet")
+    external.add_argument("--broker", help="the fleet's broker URL (redis://...)")
+    external.add_argument("--record-url", help="Redis URL of the section records (--broker)")
+    external.add_argument("--result-backend", help="result backend URL (--record-url)")
+    external.add_argument("--zk-root", default=d.zk_root, help=f"lock root ({d.zk_root})")
+
+
+def config_from_args(
+    args: argparse.Namespace, name: str = "loadtest", parser: argparse.ArgumentParser | None = None
+) -> LoadConfig:
+    """The :class:`LoadConfig` of parsed arguments; an incomplete external target is an error."""
+    external = None
+    if args.zk_hosts or args.broker:
+        if not (args.zk_hosts and args.broker):
+            message = "--zk-hosts and --broker go together (an external fleet)"
+            if parser is not None:
+                parser.error(message)
+            raise ValueError(message)
+        record_url = args.record_url or args.broker
+        external = External(
+            zk_hosts=args.zk_hosts,
+            broker=args.broker,
+            record_url=record_url,
+            result_backend=args.result_backend or record_url,
+        )
+    return LoadConfig(
+        tasks=args.tasks,
+        keys=args.keys,
+        shared_ratio=args.shared_ratio,
+        skip_ratio=args.skip_ratio,
+        hold_ms=args.hold_ms,
+        duration=args.duration,
+        workers=args.workers,
+        pools=args.pools,
+        concurrency=args.concurrency,
+        session_timeout=args.session_timeout,
+        zk_nodes=args.zk_nodes,
+        faults=args.faults,
+        seed=args.seed,
+        out_dir=args.out,
+        wait_timeout=args.wait_timeout,
+        visibility_timeout=args.visibility_timeout,
+        result_timeout=args.timeout,
+        netns_workers=args.netns_workers,
+        fault_gap=args.fault_gap,
+        zk_root=args.zk_root,
+        external=external,
+        keep_logs=args.keep_logs,
+        progress=False if args.no_progress else None,
+        name=name,
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _pools(text: str) -> tuple[str, ...]:
+    pools = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in pools if p not in POOLS]
+    if not pools or bad:
+        raise argparse.ArgumentTypeError(f"pools are a comma list of {', '.join(POOLS)}")
+    return pools
+
+
+def run_command(args: argparse.Namespace, name: str = "loadtest") -> int:
+    """Run from parsed arguments; Ctrl-C stops everything and exits 130."""
+    try:
+        return run_loadtest(config_from_args(args, name))
+    except KeyboardInterrupt:
+        print(f"celery-zklock {name}: interrupted; every process it started is stopped")
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.loadtest [options]``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m workers.loadtest", description=_HELP)
+    configure_parser(parser)
+    args = parser.parse_args(argv)
+    config_from_args(args, parser=parser)  # usage errors exit here, before anything starts
+    return run_command(args)
+
+
+_HELP: Final = (
+    "Run a workload of locked tasks on a worker fleet (local, or an external one), inject "
+    "faults, check mutual exclusion, fencing and task accounting, and write a report."
+)
+
+COMMAND: Final = Subcommand(
+    name="loadtest", help=_HELP, configure=configure_parser, run=run_command
+)
+"""``celery-zklock loadtest``."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

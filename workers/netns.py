@@ -1,0 +1,205 @@
+"""Network namespaces for partition faults: a worker cut off from ZooKeeper, not from Redis.
+
+A :class:`Namespace` is a Linux network namespace joined to the host by two veth pairs, in a
+``10.254.N.0/24`` block that no address or route of the host uses::
+
+    Redis link:      host 10.254.N.1/30  <->  namespace 10.254.N.2/30
+    ZooKeeper link:  host 10.254.N.5/30  <->  namespace 10.254.N.6/30
+
+A process started with :meth:`Namespace.argv` (``ip netns exec NAME ...``, same pid) reaches host
+services at the host-side addresses: Redis must listen on :attr:`Namespace.redis_address` (see
+``RedisServer(bind=...)``) and ZooKeeper on every address (``client_address="0.0.0.0"``), and
+the process is given those addresses instead of 127.0.0.1 (:meth:`Namespace.rehost`).
+
+:meth:`Namespace.cut` sets the host end of the ZooKeeper link down: from then on packets
+between the namespace and ZooKeeper are dropped silently, in both directions, as in a real
+partition (no reset, no error: the client sees silence, the server sees silence and expires the
+session after its timeout), while the Redis link keeps working. :meth:`Namespace.heal` sets it
+up again. Needs root and iproute2; :func:`unavailable_reason` says why not when they are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["Namespace", "NetnsError", "unavailable_reason"]
+
+_BLOCK_PREFIX = "10.254"
+_IP_TIMEOUT = 15.0
+_blocks_in_use: set[int] = set()
+_blocks_lock = threading.Lock()
+
+
+class NetnsError(RuntimeError):
+    """An ``ip`` command failed; the message has the command and what it printed."""
+
+
+def unavailable_reason() -> str | None:
+    """Why namespaces cannot be made here (not root, no ``ip``), or None if they can."""
+    if os.geteuid() != 0:
+        return f"network namespaces need root (this process runs as uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "the `ip` program is missing: apt-get install -y iproute2"
+    return None
+
+
+def _ip(*args: str) -> str:
+    argv = ["ip", *args]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_IP_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NetnsError(f"`{' '.join(argv)}` failed: {exc}") from exc
+    if done.returncode != 0:
+        raise NetnsError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def _pick_block() -> int:
+    """A block number N whose 10.254.N.0/24 no host address or route touches."""
+    text = _ip("-4", "-o", "addr", "show") + _ip("-4", "route", "show", "table", "all")
+    taken = {int(n) for n in re.findall(rf"\b{re.escape(_BLOCK_PREFIX)}\.(\d+)\.", text)}
+    with _blocks_lock:
+        free = [n for n in range(1, 255) if n not in taken and n not in _blocks_in_use]
+        if not free:
+            raise NetnsError(f"every {_BLOCK_PREFIX}.N.0/24 block is in use on this host")
+        block = free[secrets.randbelow(len(free))]
+        _blocks_in_use.add(block)
+        return block
+
+
+@dataclass
+class Namespace:
+    """One namespace and its two links; create with :meth:`create`, remove with :meth:`delete`."""
+
+    tag: str
+    block: int
+    cut_now: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"zklock-{self.tag}"
+
+    @property
+    def links(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        """``(host end, namespace end)`` of the Redis link and of the ZooKeeper link."""
+        return (f"zr{self.tag}h", f"zr{self.tag}n"), (f"zz{self.tag}h", f"zz{self.tag}n")
+
+    @property
+    def redis_address(self) -> str:
+        """The host's address on the Redis link, as seen from inside the namespace."""
+        return f"{_BLOCK_PREFIX}.{self.block}.1"
+
+    @property
+    def zookeeper_address(self) -> str:
+        """The host's address on the ZooKeeper link, as seen from inside the namespace."""
+        return f"{_BLOCK_PREFIX}.{self.block}.5"
+
+    @classmethod
+    def create(cls, label: str = "") -> Namespace:
+        """Make a namespace with both links up; raises NetnsError (and leaves nothing behind).
+
+        ``label`` (letters and digits) goes into the names, to tell namespaces apart in ``ip``.
+        """
+        reason = unavailable_reason()
+        if reason is not None:
+            raise NetnsError(reason)
+        # Interface names are at most 15 characters: 2 + 4 + up to 6 + 1.
+        tag = re.sub(r"[^a-z0-9]", "", label.lower())[:6] + secrets.token_hex(2)
+        block = _pick_block()
+        namespace = cls(tag=tag, block=block)
+        try:
+            namespace._build()
+        except BaseException:
+            namespace.delete()
+            raise
+        return namespace
+
+    def _build(self) -> None:
+        base = f"{_BLOCK_PREFIX}.{self.block}"
+        _ip("netns", "add", self.name)
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        (redis_host, redis_ns), (zk_host, zk_ns) = self.links
+        links = (
+            (redis_host, redis_ns, f"{base}.1/30", f"{base}.2/30"),
+            (zk_host, zk_ns, f"{base}.5/30", f"{base}.6/30"),
+        )
+        for host_end, ns_end, host_address, ns_address in links:
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end, "netns", self.name)
+            _ip("addr", "add", host_address, "dev", host_end)
+            _ip("link", "set", host_end, "up")
+            _ip("-n", self.name, "addr", "add", ns_address, "dev", ns_end)
+            _ip("-n", self.name, "link", "set", ns_end, "up")
+        self._wait_link_up(deadline=time.monotonic() + 5.0)
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` run inside the namespace (``ip netns exec`` execs it: the pid is kept)."""
+        return ["ip", "netns", "exec", self.name, *command]
+
+    def rehost(self, url_or_hosts: str) -> str:
+        """A Redis URL or ZooKeeper connection string with 127.0.0.1/localhost replaced by the
+        host's address on the matching link."""
+        if "://" in url_or_hosts:
+            parts = urlsplit(url_or_hosts)
+            host = parts.hostname or ""
+            if host not in ("127.0.0.1", "localhost"):
+                return url_or_hosts
+            netloc = parts.netloc.replace(host, self.redis_address, 1)
+            return urlunsplit(parts._replace(netloc=netloc))
+        hosts, slash, chroot = url_or_hosts.partition("/")
+        entries = []
+        for entry in hosts.split(","):
+            host, _, port = entry.strip().rpartition(":")
+            if host in ("127.0.0.1", "localhost"):
+                host = self.zookeeper_address
+            entries.append(f"{host}:{port}")
+        return ",".join(entries) + slash + chroot
+
+    def cut(self) -> None:
+        """Drop all traffic between the namespace and ZooKeeper (see the module docstring)."""
+        _ip("link", "set", self.links[1][0], "down")
+        self.cut_now = True
+
+    def heal(self, timeout: float = 5.0) -> None:
+        """Undo :meth:`cut`; returns once the link carries traffic again (NetnsError if not)."""
+        _ip("link", "set", self.links[1][0], "up")
+        self._wait_link_up(deadline=time.monotonic() + timeout)
+        self.cut_now = False
+
+    def _wait_link_up(self, deadline: float) -> None:
+        while True:
+            ns_end = self.links[1][1]
+            state = _ip("-n", self.name, "-o", "link", "show", ns_end)
+            flags = re.search(r"<([^>]*)>", state)
+            if flags and "LOWER_UP" in flags.group(1).split(","):
+                return
+            if time.monotonic() >= deadline:
+                raise NetnsError(f"link {ns_end} in {self.name} is not up: {state}")
+            time.sleep(0.02)
+
+    def delete(self) -> None:
+        """Remove the namespace and both links (their host ends go with it). Idempotent."""
+        try:
+            names = _ip("netns", "list")
+            if re.search(rf"^{re.escape(self.name)}\b", names, re.MULTILINE):
+                _ip("netns", "delete", self.name)
+            for host_end, _ in self.links:
+                try:
+                    _ip("link", "delete", host_end)
+                except NetnsError as exc:
+                    # Deleting the namespace destroys the pair, a moment later.
+                    if "Cannot find device" not in str(exc):
+                        raise
+        finally:
+            with _blocks_lock:
+                _blocks_in_use.discard(self.block)
