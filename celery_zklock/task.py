@@ -392,11 +392,19 @@ class ZkLockTask(Task):  # type: ignore[misc]
                 f"task {request.id} is already running under lock {path}: duplicate "
                 "delivery ignored"
             ) from None
-        if self.AsyncResult(request.id).state in states.READY_STATES:
+        if self._finished_already(request.id):
             lease.release()
             self._event("duplicate-ignored", path, holder=request.id, finished=True)
             raise Ignore(f"task {request.id} already finished: duplicate delivery ignored")
         return lease
+
+    def _finished_already(self, task_id: str) -> bool:
+        """True if the result backend holds a final state for ``task_id``."""
+        try:
+            return self.AsyncResult(task_id).state in states.READY_STATES
+        except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
+            logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)
+            return False
 
     def _after_timeout(self, path: str, options: LockOptions, holder_id: Any) -> Any:
         self._event("timeout", path, policy=options.on_timeout, holder=holder_id)
