@@ -329,10 +329,8 @@ def test_acquire_while_the_session_is_expired_waits_for_the_reconnect_without_sp
         assert lost.wait(10)
         assert client.state == "LOST"
         creates = 0
-        started = time.monotonic()
         lease = Mutex(client, f"{lock_root}/after-expiry").acquire(timeout=10)
         assert lease is not None and client.state == "CONNECTED"
-        assert time.monotonic() - started < 5
         assert creates <= 3, f"{creates} create requests: the acquire spun while disconnected"
         lease.release()
     finally:
