@@ -23,10 +23,10 @@ Outcomes of one run:
   1.5 session timeouts + 1 s for the lock. Still held: a duplicate of a run in progress (e.g. a
   Redis visibility-timeout redelivery), logged and ignored (``Ignore``: no state is written, so
   the running original's result stands). Granted: the first delivery's process died (a killed
-  prefork child's message comes back at once), so this one runs, unless the task's result is
-  already final. With ``acks_late`` Celery is at-least-once: a copy that gets the lock just
-  after the original released it, before its result was stored, runs the task a second time -
-  after it, never beside it.
+  prefork child's message comes back at once), so this one runs, unless the task's result
+  becomes final within 2 s (the original released just before Celery stored its result). With
+  ``acks_late`` Celery is at-least-once: without a result backend, or one slower than that, such
+  a copy runs the task a second time - after the original, never beside it.
 - ZooKeeper unreachable: in a worker the task retries (``ZooKeeperUnavailable``, Celery's
   ``max_retries`` applies, then it fails with that reason); called directly or eagerly it raises.
 """
@@ -79,6 +79,8 @@ from celery_zklock.session import close_clients, get_client
 logger = logging.getLogger("celery_zklock")
 
 SKIP_MARKER = "__zklock_skipped__"
+RESULT_SETTLE_SECONDS = 2.0
+"""How long a copy of a message that got its task's lock waits for the original's result."""
 CALL_OPTION = "zklock"
 
 
@@ -392,19 +394,29 @@ class ZkLockTask(Task):  # type: ignore[misc]
                 f"task {request.id} is already running under lock {path}: duplicate "
                 "delivery ignored"
             ) from None
-        if self._finished_already(request.id):
+        if self._finished_already(request.id, settle=RESULT_SETTLE_SECONDS):
             lease.release()
             self._event("duplicate-ignored", path, holder=request.id, finished=True)
             raise Ignore(f"task {request.id} already finished: duplicate delivery ignored")
         return lease
 
-    def _finished_already(self, task_id: str) -> bool:
-        """True if the result backend holds a final state for ``task_id``."""
-        try:
-            return self.AsyncResult(task_id).state in states.READY_STATES
-        except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
-            logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)
-            return False
+    def _finished_already(self, task_id: str, settle: float) -> bool:
+        """True if the result backend holds a final state for ``task_id`` within ``settle`` s.
+
+        A run releases its lock just before Celery stores its result: a copy that got the lock
+        from a finished original sees the result a moment later, one whose original died never.
+        """
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                if self.AsyncResult(task_id).state in states.READY_STATES:
+                    return True
+            except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
+                logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     def _after_timeout(self, path: str, options: LockOptions, holder_id: Any) -> Any:
         self._event("timeout", path, policy=options.on_timeout, holder=holder_id)
