@@ -27,15 +27,20 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+from kazoo.client import KazooClient
+
 from celery_zklock.testing import RedisServer, ZooKeeperServer
 from celery_zklock.testing.zookeeper import srvr
 
 MIN_REPEATS = 5
+#: Session timeout of the worker processes' clients: long, so a busy machine expires none.
+WORKER_SESSION_TIMEOUT_S = 30.0
 #: Settings of every ZooKeeper the benchmark starts (ZooKeeperServer's defaults, spelt out).
 ZK_SETTINGS: dict[str, Any] = {
     "force_sync": True,
@@ -253,6 +258,31 @@ class Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=10)
+
+
+def serve_client(
+    conn: Any, hosts: str, handle: Callable[[KazooClient, tuple[Any, ...]], Any]
+) -> None:
+    """Body of a worker process: open one kazoo session, answer ready, then reply
+    ``("ok", handle(client, command))`` (or ``("error", traceback)``) to each command until
+    ``"quit"``."""
+    client = KazooClient(hosts=hosts, timeout=WORKER_SESSION_TIMEOUT_S)
+    try:
+        client.start(timeout=120)
+        conn.send(("ok", None))
+        while True:
+            command = conn.recv()
+            if command[0] == "quit":
+                break
+            try:
+                conn.send(("ok", handle(client, command)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        client.stop()
+        client.close()
 
 
 def start_workers(

@@ -25,7 +25,6 @@ an order rotated per repetition. A short warm-up run per recipe is not recorded.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any
@@ -34,6 +33,7 @@ from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock as KazooLock
 
 from benchmarks.common import (
+    WORKER_SESSION_TIMEOUT_S,
     Progress,
     Worker,
     broadcast,
@@ -41,6 +41,7 @@ from benchmarks.common import (
     median_or_none,
     percentile,
     rotated,
+    serve_client,
     start_workers,
     stop_workers,
 )
@@ -49,7 +50,6 @@ from celery_zklock.testing import ZooKeeperServer
 
 RECIPES = ("ours", "kazoo")
 ROOT = "/bench/contention"
-SESSION_TIMEOUT_S = 30.0
 #: Seconds between the parent's "go" and the start time: every worker is asleep by then.
 START_DELAY_S = 0.5
 WARMUP_S = 0.5
@@ -101,24 +101,12 @@ def _contend(
 
 
 def _worker(conn: Any, hosts: str) -> None:
-    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT_S)
-    try:
-        client.start(timeout=120)
-        conn.send(("ok", None))
-        while True:
-            command = conn.recv()
-            if command[0] == "quit":
-                break
-            try:
-                _, recipe, path, start_at, stop_at = command
-                conn.send(("ok", _contend(client, recipe, path, start_at, stop_at)))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        client.stop()
-        client.close()
+    serve_client(conn, hosts, _handle)
+
+
+def _handle(client: KazooClient, command: tuple[Any, ...]) -> Any:
+    _, recipe, path, start_at, stop_at = command
+    return _contend(client, recipe, path, start_at, stop_at)
 
 
 def _analyse(
@@ -159,7 +147,7 @@ def run_section(
     progress: Progress,
 ) -> dict[str, Any]:
     """Section 2: for each process count, ``repeats`` runs of each recipe."""
-    admin = KazooClient(hosts=server.hosts, timeout=SESSION_TIMEOUT_S)
+    admin = KazooClient(hosts=server.hosts, timeout=WORKER_SESSION_TIMEOUT_S)
     admin.start(timeout=60)
     results: dict[str, dict[str, Any]] = {}
     try:

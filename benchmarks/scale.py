@@ -24,7 +24,6 @@ For contrast, ``kazoo.recipe.lock.Lock`` then runs on a tenth of the key count u
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,9 +31,11 @@ from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock as KazooLock
 
 from benchmarks.common import (
+    WORKER_SESSION_TIMEOUT_S,
     Progress,
     mntr,
     rss_bytes,
+    serve_client,
     start_workers,
     stop_workers,
     wait_for,
@@ -43,7 +44,6 @@ from celery_zklock import Mutex
 from celery_zklock.testing import ZooKeeperServer
 
 ROOT = "/scale"
-SESSION_TIMEOUT_S = 30.0
 ACQUIRE_TIMEOUT_S = 60.0
 REAP_DEADLINE_S = 300.0
 KAZOO_FRACTION = 10
@@ -61,26 +61,14 @@ def _cycle_keys(client: KazooClient, recipe: str, keys: range) -> None:
 
 
 def _worker(conn: Any, hosts: str) -> None:
-    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT_S)
-    try:
-        client.start(timeout=120)
-        conn.send(("ok", None))
-        while True:
-            command = conn.recv()
-            if command[0] == "quit":
-                break
-            try:
-                _, recipe, first, last, step = command
-                started = time.monotonic()
-                _cycle_keys(client, recipe, range(first, last, step))
-                conn.send(("ok", time.monotonic() - started))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        client.stop()
-        client.close()
+    serve_client(conn, hosts, _handle)
+
+
+def _handle(client: KazooClient, command: tuple[Any, ...]) -> float:
+    _, recipe, first, last, step = command
+    started = time.monotonic()
+    _cycle_keys(client, recipe, range(first, last, step))
+    return time.monotonic() - started
 
 
 def _children(client: KazooClient, path: str) -> int:
@@ -154,7 +142,7 @@ def run_section(
     server: ZooKeeperServer, *, keys: int, processes: int, progress: Progress
 ) -> dict[str, Any]:
     """Section 5: ``keys`` distinct keys through our Mutex, a tenth through kazoo's Lock."""
-    admin = KazooClient(hosts=server.hosts, timeout=SESSION_TIMEOUT_S)
+    admin = KazooClient(hosts=server.hosts, timeout=WORKER_SESSION_TIMEOUT_S)
     admin.start(timeout=60)
     workers = start_workers(_worker, [(server.hosts,)] * processes, ready_timeout=300)
     try:

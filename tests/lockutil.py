@@ -16,6 +16,11 @@ def expire_session(hosts: str, client: KazooClient) -> None:
     not kazoo's client-side simulation.
     """
     session_id, password = client.client_id
+    expire_session_id(hosts, session_id, password)
+
+
+def expire_session_id(hosts: str, session_id: int, password: bytes) -> None:
+    """Expire the session ``session_id`` on the server (see :func:`expire_session`)."""
     twin = KazooClient(hosts, client_id=(session_id, password))
     twin.start(timeout=15)
     twin.stop()

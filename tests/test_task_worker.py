@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from celery_zklock import LockLost, is_skipped
 from celery_zklock.testing.witness import check_witness
 from tests.conftest import SESSION_TIMEOUT
-from tests.lockutil import wait_for
+from tests.lockutil import expire_session_id, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import held_session, workers
 
@@ -71,13 +71,6 @@ def test_skip_wait_and_shared_modes(
     wait_for(lambda: not zk_client.exists("/taskapp/section"), 15, "lock parents to be reaped")
 
 
-def _expire_from_outside(hosts: str, record: dict[str, Any]) -> None:
-    twin = KazooClient(hosts, client_id=(record["session_id"], bytes.fromhex(record["password"])))
-    twin.start(timeout=10)
-    twin.stop()
-    twin.close()
-
-
 REVOCATION_BOUND = 1.0
 """Seconds from the client learning of the loss to the task's failure being stored."""
 
@@ -104,7 +97,7 @@ def test_session_expired_from_outside_revokes_the_running_task(
     with workers(app, pool, 2, env, tmp) as (first, second):
         victim = long_hold.apply_async(("rk", 60.0), queue=first.queue)
         record = held_session(tmp, victim.id)
-        _expire_from_outside(zk_hosts, record)
+        expire_session_id(zk_hosts, record["session_id"], bytes.fromhex(record["password"]))
         with pytest.raises(LockLost, match="lost"):
             victim.get(timeout=30, propagate=True)
         assert victim.state == "FAILURE"
