@@ -2,6 +2,6 @@
 
 from celery_zklock.locks.lease import Lease
 from celery_zklock.locks.mutex import Mutex
-from celery_zklock.locks.rwlock import LockSide, ReadWriteLock
+from celery_zklock.locks.rwlock import ReadWriteLock
 
-__all__ = ["Lease", "LockSide", "Mutex", "ReadWriteLock"]
+__all__ = ["Lease", "Mutex", "ReadWriteLock"]

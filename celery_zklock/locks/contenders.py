@@ -45,6 +45,24 @@ _UNKNOWN_SEQUENTIAL = re.compile(r"^(?P<prefix>.*?)(?P<seq>\d{10})$")
 PROTECTED_PREFIX = "_c_"
 
 
+@dataclass(frozen=True)
+class LockKind:
+    """What one lock kind writes and asks for: the node-name ``marker`` before the sequence
+    number, and the access ``kind`` that selects the predicate ("write" excludes everyone,
+    "read" excludes writers only)."""
+
+    marker: str
+    kind: Kind
+
+
+#: Curator ``InterProcessMutex`` / our :class:`~celery_zklock.Mutex`.
+MUTEX = LockKind(MUTEX_MARKER, "write")
+#: Curator ``InterProcessReadWriteLock``, read side.
+READ = LockKind(READ_MARKER, "read")
+#: Curator ``InterProcessReadWriteLock``, write side.
+WRITE = LockKind(WRITE_MARKER, "write")
+
+
 def protected_prefix(uuid: str) -> str:
     """The name prefix Curator's protected mode writes: ``_c_<uuid>-``.
 

@@ -1,4 +1,4 @@
-"""A granted lock: :class:`Lease`, and the contender node behind it, :class:`Hold`."""
+"""A granted lock: :class:`Lease`, the user's handle, over :class:`Hold`, the record of our node."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from celery_zklock.errors import LockLost
 from celery_zklock.locks.contenders import Kind
 
 if TYPE_CHECKING:
-    from celery_zklock.locks.internals import LockInternals
+    from kazoo.client import KazooClient
+
+    from celery_zklock.locks.context import ClientContext
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -20,24 +22,32 @@ LostCallback = Callable[[str], None]
 
 
 class Hold:
-    """Our contender node while it holds the lock; shared by the leases of reentrant acquires.
+    """The record of our contender node while it holds the lock, shared by the leases of
+    reentrant acquires.
 
-    Knows the session that created the node, and is told by the session policy when that
-    session is lost (:meth:`mark_lost`). The node is deleted when the last lease on it is released.
+    A passive record: the lock front end counts acquires and releases on it, and the client's
+    lease clock (:class:`~celery_zklock.locks.context.ClientContext`) calls :meth:`mark_lost`
+    when the session behind the node may be gone.
     """
 
     def __init__(
         self,
-        internals: LockInternals,
+        context: ClientContext,
+        path: str,
         node: str,
+        kind: Kind,
         token: int,
         session_id: int,
+        epoch: int,
         thread_id: int,
     ) -> None:
-        self.internals = internals
+        self.context = context
+        self.path = path
         self.node = node
+        self.kind: Kind = kind
         self.token = token
         self.session_id = session_id
+        self.epoch = epoch
         self.thread_id = thread_id
         self.count = 1
         self.lost_reason: str | None = None
@@ -45,8 +55,8 @@ class Hold:
         self._lock = threading.Lock()
 
     @property
-    def kind(self) -> Kind:
-        return self.internals.kind
+    def client(self) -> KazooClient:
+        return self.context.client
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lock may be held by someone else now; run the lost callbacks once."""
@@ -77,7 +87,7 @@ class Hold:
 
 
 class Lease:
-    """A lock granted by :meth:`Mutex.acquire` or a read/write side of :class:`ReadWriteLock`.
+    """A lock granted by :meth:`Mutex.acquire` (or a side of :class:`ReadWriteLock`).
 
     Attributes:
         token: fencing token, the ``czxid`` of the lease's own znode: a 64-bit id that strictly
@@ -87,18 +97,20 @@ class Lease:
         node: full path of the lease's own contender znode.
         path: the lock's path.
 
-    A lease is *held* until it is released or lost. It is lost when the session policy of
-    :mod:`celery_zklock.session` decides the ZooKeeper session behind its node may be gone; from
-    then on another process may hold the lock. Use :meth:`check` at safe points and
-    :meth:`on_lost` to be told.
+    A lease is *held* until it is released or lost. It is lost when the client's lease clock
+    (:mod:`celery_zklock.locks.clock`) can no longer prove that the ZooKeeper leader keeps the
+    session behind its node alive, a margin *before* the leader could expire that session and
+    grant the lock to someone else. Use :meth:`check` at safe points and :meth:`on_lost` to be
+    told.
 
     Used as a context manager the lease is released on exit; if it was lost while the block ran
     and no other exception is propagating, ``__exit__`` raises :class:`LockLost`, because the
     block did not run under the lock.
     """
 
-    def __init__(self, hold: Hold) -> None:
+    def __init__(self, hold: Hold, release: Callable[[Hold], None]) -> None:
         self._hold = hold
+        self._release = release
         self._released = False
 
     @property
@@ -111,7 +123,7 @@ class Lease:
 
     @property
     def path(self) -> str:
-        return self._hold.internals.path
+        return self._hold.path
 
     @property
     def kind(self) -> Kind:
@@ -123,12 +135,18 @@ class Lease:
 
     @property
     def lost(self) -> bool:
-        """True once the session behind the lease was declared lost (stays true)."""
+        """True once the lease counts as lost (stays true).
+
+        Read from the clock, not only from the renewer's verdict: a process that was paused
+        past the lease's validity sees it lost as soon as it runs again.
+        """
+        if self._hold.lost_reason is None and not self._released:
+            self._hold.context.expire_if_due()
         return self._hold.lost_reason is not None
 
     @property
     def lost_reason(self) -> str | None:
-        return self._hold.lost_reason
+        return self._hold.lost_reason if self.lost else None
 
     @property
     def held(self) -> bool:
@@ -137,15 +155,14 @@ class Lease:
 
     def check(self) -> None:
         """Raise :class:`LockLost` if the lease was lost; for code that checks at safe points."""
-        reason = self._hold.lost_reason
-        if reason is not None:
-            raise LockLost(f"lock {self.path} lost (token {self.token}): {reason}")
+        if self.lost:
+            raise LockLost(f"lock {self.path} lost (token {self.token}): {self._hold.lost_reason}")
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(reason)`` once when the lease is lost (now, if it already is).
 
-        Callbacks run on the thread that detects the loss (kazoo's or the policy timer's): keep
-        them short and non-blocking.
+        Callbacks run on the thread that detects the loss (the lease clock's renewer or kazoo's
+        event thread): keep them short and non-blocking.
         """
         self._hold.on_lost(callback)
 
@@ -155,16 +172,16 @@ class Lease:
     def release(self) -> None:
         """Release the lease. Idempotent; never deletes another contender's node.
 
-        The node is deleted when the last reentrant lease on it is released. If the session
-        that created the node is no longer the client's session, nothing is deleted (the node went
-        with its session) and the lease is marked lost. While the connection is suspended the
-        delete is retried until the session policy would declare the lease lost; after that the
-        delete is left to run when the client reconnects, if the session survived.
+        The node is deleted when the last reentrant lease on it is released. The lease counts
+        as lost at release if the lease clock ran out or the session that created the node
+        ended before the release began (then another holder may have run beside this one). A
+        delete ZooKeeper does not answer in time is left to run in the background (on reconnect
+        if need be); the node goes with its session otherwise.
         """
         if self._released:
             return
         self._released = True
-        self._hold.internals.release(self._hold)
+        self._release(self._hold)
 
     def __enter__(self) -> Lease:
         return self

@@ -1,14 +1,31 @@
-"""Exclusive lock with Apache Curator's ``InterProcessMutex`` layout."""
+"""The lock front end: :class:`Mutex`, one class for every lock kind (Curator's
+``InterProcessMutex``, whose read and write locks are mutexes with another driver).
+
+The front end owns the caller's side of a lock: arguments and deadlines, reentrancy per thread
+(Curator's ``threadData``), handing out a :class:`Lease` only under a fresh lease clock, and the
+release's verdict. The queue (:mod:`celery_zklock.locks.queue`) does the ZooKeeper I/O.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Literal, overload
+from uuid import uuid4
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    KazooException,
+    NoNodeError,
+    SessionExpiredError,
+)
 
-from celery_zklock.locks.contenders import MUTEX_MARKER
-from celery_zklock.locks.internals import LockInternals
-from celery_zklock.locks.lease import Lease
+from celery_zklock.errors import ZkLockError, ZooKeeperUnavailable
+from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
+from celery_zklock.locks.context import ClientContext, Deadline, context_for
+from celery_zklock.locks.lease import Hold, Lease
+from celery_zklock.locks.queue import ContenderQueue, SessionGone
 
 
 class Mutex:
@@ -17,19 +34,38 @@ class Mutex:
     Contender nodes are ``<path>/_c_<uuid>-lock-<seq>``, as Curator's ``InterProcessMutex``
     writes them, so Java services using Curator and Python processes using this class exclude
     each other on the same path. The parent ``path`` and its missing ancestors are created as
-    container nodes, which ZooKeeper removes once empty.
+    container nodes, which ZooKeeper removes once empty. ``kind`` selects another lock kind on
+    the same queue (the sides of :class:`ReadWriteLock` are mutexes of kind ``READ``/``WRITE``).
 
-    Reentrant per thread: a thread that holds the lock and acquires it again (through any
-    ``Mutex`` on the same client and path) gets another lease on the same node; the node is
+    Reentrant per thread: a thread that holds the lock and acquires it again (through any lock
+    object on the same client and path) gets another lease on the same node; the node is
     deleted when every such lease is released.
     """
 
-    def __init__(self, client: KazooClient, path: str) -> None:
-        self._internals = LockInternals(client, path, MUTEX_MARKER, "write")
+    def __init__(self, client: KazooClient, path: str, *, kind: LockKind = MUTEX) -> None:
+        self._context: ClientContext = context_for(client)
+        self._queue = ContenderQueue(self._context, path, kind)
 
     @property
     def path(self) -> str:
-        return self._internals.path
+        return self._queue.path
+
+    @property
+    def kind(self) -> Kind:
+        """``"write"`` (excludes everyone) or ``"read"`` (excludes writers only)."""
+        return self._queue.lock_kind.kind
+
+    @property
+    def session_timeout(self) -> float:
+        """The negotiated session timeout of this lock's client, in seconds."""
+        return self._context.session_timeout
+
+    @property
+    def dead_holder_bound(self) -> float:
+        """Upper bound, in seconds, on how long the node of a holder whose process died can
+        outlive it (see :attr:`LeaseTiming.dead_node_lifetime
+        <celery_zklock.locks.clock.LeaseTiming.dead_node_lifetime>`)."""
+        return self._context.timing.dead_node_lifetime
 
     @overload
     def acquire(
@@ -47,31 +83,154 @@ class Mutex:
         Args:
             blocking: wait for the lock (default). With ``False`` it is a try-lock: one look at
                 the queue, then a :class:`Lease` or ``None`` if someone else holds it.
+            timeout: seconds to wait for other holders; ``None`` waits without limit. Requests
+                already sent are awaited a little longer (a third of the session timeout), so
+                ``timeout=0`` is granted a free lock; a try-lock bounds its requests by the
+                session timeout.
             data: bytes stored in our contender node (who we are, for operators and for
                 :meth:`blocker_data`); Curator stores the client's IP there.
-            timeout: one total deadline in seconds over every wait, retry and network call of
-                this acquire; ``None`` waits without limit (a try-lock then still bounds its
-                network calls by the session timeout).
 
         Returns:
             A :class:`Lease`; ``None`` only for a try-lock that found the lock busy.
 
         Raises:
-            LockTimeout: the deadline passed first (also for a try-lock that could not reach
-                ZooKeeper in time).
+            LockTimeout: other holders kept the lock until the deadline.
+            ZooKeeperUnavailable: ZooKeeper did not answer in time, or the client is not
+                started (raised at once), or ZooKeeper failed the request.
             ValueError: a negative timeout.
 
-        In every outcome other than a returned lease - busy, timeout, connection loss, any
-        exception including ones thrown asynchronously into the waiting thread - no contender
-        node of this acquire is left behind (if ZooKeeper is unreachable at that moment, the
-        node is removed on reconnect, or goes with its session).
+        The lease is handed out only under a known negotiated session timeout and a fresh
+        lease clock (see :mod:`celery_zklock.locks.clock`). In every outcome other than a
+        returned lease - busy, timeout, connection loss, any exception including ones thrown
+        asynchronously into the waiting thread - no contender node of this acquire is left
+        behind (if ZooKeeper is unreachable at that moment, the node is removed in the
+        background, or goes with its session).
         """
-        return self._internals.acquire(blocking=blocking, timeout=timeout, data=data)
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        context = self._context
+        context.check_usable()
+        thread_id = threading.get_ident()
+        reentered = self._reenter(thread_id)
+        if reentered is not None:
+            return Lease(reentered, self._release)
+        wait, io = self._deadlines(blocking, timeout)
+        try:
+            context.ensure_timeout_known(io)
+            hold = self._acquire_node(blocking, wait, io, thread_id, data)
+        except ConnectionClosedError as exc:
+            raise ZooKeeperUnavailable(
+                f"the kazoo client was stopped while acquiring {self.path}"
+            ) from exc
+        except KazooException as exc:
+            raise ZooKeeperUnavailable(
+                f"ZooKeeper failed a request while acquiring {self.path}: {exc!r}"
+            ) from exc
+        if hold is None:
+            return None
+        with context.lock:
+            context.owned[(self.path, thread_id)] = hold
+        context.track(hold)
+        return Lease(hold, self._release)
+
+    def _deadlines(self, blocking: bool, timeout: float | None) -> tuple[Deadline, Deadline]:
+        """The deadline of the wait for other holders, and the one of each request's answer."""
+        allowance = self._context.timing.idle_gap
+        if timeout is None:
+            wait = Deadline(None)
+            return wait, (wait if blocking else Deadline(self._context.session_timeout))
+        return Deadline(timeout), Deadline(max(timeout, allowance))
+
+    def _reenter(self, thread_id: int) -> Hold | None:
+        context = self._context
+        with context.lock:
+            hold: Hold | None = context.owned.get((self.path, thread_id))
+            if hold is None or hold.lost_reason is not None:
+                return None
+            if hold.kind == "read" and self.kind == "write":
+                raise ZkLockError(
+                    f"this thread holds a read lock on {self.path} and asked for the write lock: "
+                    "upgrading would deadlock; release the read lock first"
+                )
+            hold.count += 1
+            return hold
+
+    def _acquire_node(
+        self, blocking: bool, wait: Deadline, io: Deadline, thread_id: int, data: bytes
+    ) -> Hold | None:
+        queue, context = self._queue, self._context
+        while True:
+            prefix = protected_prefix(str(uuid4()))
+            try:
+                created = queue.enqueue(prefix, io, data)
+                granted = queue.await_grant(created, blocking, wait, io)
+                if granted:
+                    self._ensure_fresh(io)
+            except SessionGone:
+                continue
+            except BaseException:
+                # Whether or not the create ran (or is still queued), our node is the one child
+                # with this attempt's uuid: remove it before the exception goes on.
+                queue.abandon(prefix)
+                raise
+            node = f"{self.path}/{created.name}"
+            if not granted:
+                queue.discard(node)
+                return None
+            return Hold(
+                context,
+                self.path,
+                node,
+                self.kind,
+                created.token,
+                created.session_id,
+                created.epoch,
+                thread_id,
+            )
+
+    def _ensure_fresh(self, io: Deadline) -> None:
+        """Before handing out a lease: make sure the lease clock has a renewal's worth left."""
+        context = self._context
+        if context.valid_until() - time.monotonic() < context.timing.renew_interval:
+            context.renew(io)
+        if context.valid_until() <= time.monotonic():
+            raise ZooKeeperUnavailable(
+                f"the ZooKeeper leader did not confirm the session in time to grant {self.path}"
+            )
+
+    def _release(self, hold: Hold) -> None:
+        """Drop one reentrant count of ``hold``; at zero give the verdict and delete its node."""
+        context = self._context
+        with context.lock:
+            hold.count -= 1
+            if hold.count > 0:
+                return
+            key = (self.path, hold.thread_id)
+            if context.owned.get(key) is hold:
+                del context.owned[key]
+        context.untrack(hold)
+        session_id = context.session_id()
+        if context.epoch != hold.epoch or session_id not in (hold.session_id, None):
+            hold.mark_lost("the ZooKeeper session that created the lock node ended before release")
+            return
+        if time.monotonic() >= context.valid_until():
+            hold.mark_lost(
+                "the lease clock ran out before release (no answer from the ZooKeeper leader "
+                "in time, or the process was paused): another holder may have run meanwhile"
+            )
+        try:
+            self._queue.delete(hold.node, Deadline(context.timing.idle_gap))
+        except NoNodeError:
+            hold.mark_lost("the lock node was deleted by someone else while it was held")
+        except SessionExpiredError:
+            hold.mark_lost("the ZooKeeper session expired before release")
+        except (ZooKeeperUnavailable, KazooException):
+            self._context.purge_later(self.path, hold.node.rsplit("/", 1)[1])
 
     def participant_nodes(self) -> list[str]:
         """Names of the current contender nodes on this path, in grant order."""
-        return self._internals.participant_nodes()
+        return self._queue.participant_nodes()
 
     def blocker_data(self, timeout: float = 5.0) -> bytes | None:
         """Data of the node a new acquire would wait on first (the holder), or None."""
-        return self._internals.blocker_data(timeout)
+        return self._queue.blocker_data(timeout)

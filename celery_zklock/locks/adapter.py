@@ -1,0 +1,196 @@
+"""Every use of kazoo's private API, in one place (kazoo 2.x; the dependency is capped ``<3``).
+
+What kazoo 2.11 does not offer publicly, and what we do about it:
+
+- **The negotiated session timeout.** kazoo keeps it in a local variable of its connect routine.
+  :func:`install_connect_hook` wraps ``ConnectionHandler._invoke`` (the writer kazoo uses only
+  while a connection is being set up) once per process, so every ``ConnectResponse`` leaves its
+  ``timeOut`` on the connection object *before* kazoo reports CONNECTED. A client that connected
+  before this module was imported has no such record: :func:`force_reconnect` makes it reconnect
+  (same session) so the next handshake is seen.
+- **Two requests:** ``createContainer`` (opcode 19, a parent the server deletes once empty) and
+  ``removeWatches`` (opcode 18), sent through ``KazooClient._call`` like kazoo's own requests.
+- **A client-side watcher** that did not fire is dropped from ``KazooClient._data_watchers``.
+- **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
+  started client fails every request with ``ConnectionClosedError``, which kazoo derives from
+  ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
+
+:data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/test_adapter.py`` checks that the
+installed kazoo still has them, so an upgrade that removes one fails loudly in the test suite.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, ClassVar, Final
+
+from kazoo.client import KazooClient
+from kazoo.protocol.connection import ConnectionHandler
+from kazoo.protocol.serialization import (
+    Connect,
+    ZnodeStat,
+    int_struct,
+    read_string,
+    stat_struct,
+    write_buffer,
+    write_string,
+)
+from kazoo.security import ACL, OPEN_ACL_UNSAFE
+
+#: (object, attribute) pairs of kazoo's private API this module relies on.
+PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
+    ("ConnectionHandler", "_invoke"),
+    ("ConnectionHandler", "_socket"),
+    ("KazooClient", "_call"),
+    ("KazooClient", "_session_timeout"),
+    ("KazooClient", "_data_watchers"),
+    ("KazooClient", "_stopped"),
+    ("KazooClient", "_connection"),
+)
+
+#: ZooKeeper's CreateMode.CONTAINER flag.
+CONTAINER_FLAGS: Final = 4
+#: RemoveWatches watcher types (org.apache.zookeeper.Watcher.WatcherType).
+DATA_WATCHES: Final = 2
+_NEGOTIATED_ATTR: Final = "_zklock_negotiated_timeout"
+
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def install_connect_hook() -> None:
+    """Record every negotiated session timeout on its connection object (idempotent)."""
+    global _hook_installed
+    with _hook_lock:
+        if _hook_installed:
+            return
+        original = ConnectionHandler._invoke
+
+        def _invoke(self: Any, timeout: float, request: Any, xid: Any = None) -> Any:
+            result = original(self, timeout, request, xid)
+            if isinstance(request, Connect) and isinstance(result, tuple) and result:
+                response = result[0]
+                time_out = getattr(response, "time_out", 0)
+                if time_out and time_out > 0:
+                    setattr(self, _NEGOTIATED_ATTR, time_out / 1000.0)
+            return result
+
+        _invoke.__wrapped__ = original  # type: ignore[attr-defined]
+        ConnectionHandler._invoke = _invoke
+        _hook_installed = True
+
+
+install_connect_hook()
+
+
+def requested_timeout(client: KazooClient) -> float:
+    """The session timeout ``client`` asks the server for, in seconds."""
+    return float(client._session_timeout) / 1000.0
+
+
+def negotiated_timeout(client: KazooClient) -> float | None:
+    """The session timeout the server granted on ``client``'s latest connection, in seconds;
+    ``None`` if no handshake was seen since :func:`install_connect_hook` ran."""
+    value = getattr(client._connection, _NEGOTIATED_ATTR, None)
+    return float(value) if value else None
+
+
+def force_reconnect(client: KazooClient) -> bool:
+    """Make ``client`` drop its connection and reconnect (the session survives: kazoo
+    reconnects with its session id and password). True if a connection was dropped."""
+    sock = getattr(client._connection, "_socket", None)
+    if sock is None:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False
+    return True
+
+
+def is_closed(client: KazooClient) -> bool:
+    """True if ``client`` cannot send at all: never started, stopped or closed."""
+    return bool(client._stopped.is_set())
+
+
+def discard_data_watcher(client: KazooClient, path: str, callback: Any) -> None:
+    """Forget a client-side data watcher that did not fire (the server's is removed apart)."""
+    chroot = client.chroot
+    watchers = client._data_watchers.get(chroot + path if chroot else path)
+    if watchers is not None:
+        watchers.discard(callback)
+
+
+class CreateContainer:
+    """``createContainer`` (opcode 19): a parent the server deletes once its last child is gone.
+
+    The request body is a CreateRequest with the CONTAINER flag; the response is a
+    Create2Response (path and stat).
+    """
+
+    type: ClassVar[int] = 19
+
+    def __init__(self, path: str, data: bytes, acl: list[ACL], flags: int) -> None:
+        self.path = path
+        self.data = data
+        self.acl = acl
+        self.flags = flags
+
+    def serialize(self) -> bytearray:
+        body = bytearray()
+        body.extend(write_string(self.path))
+        body.extend(write_buffer(self.data))
+        body.extend(int_struct.pack(len(self.acl)))
+        for acl in self.acl:
+            body.extend(int_struct.pack(acl.perms))
+            body.extend(write_string(acl.id.scheme))
+            body.extend(write_string(acl.id.id))
+        body.extend(int_struct.pack(self.flags))
+        return body
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> tuple[str, ZnodeStat]:
+        path, offset = read_string(data, offset)
+        return path, ZnodeStat._make(stat_struct.unpack_from(data, offset))
+
+
+class RemoveWatches:
+    """``removeWatches`` (opcode 18): drop this session's watches of one type on one path."""
+
+    type: ClassVar[int] = 18
+
+    def __init__(self, path: str, watcher_type: int) -> None:
+        self.path = path
+        self.watcher_type = watcher_type
+
+    def serialize(self) -> bytearray:
+        body = bytearray()
+        body.extend(write_string(self.path))
+        body.extend(int_struct.pack(self.watcher_type))
+        return body
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> None:
+        return None
+
+
+def create_container_async(client: Any, path: str, acl: list[ACL] | None = None) -> Any:
+    """Send ``createContainer`` for ``path``; returns kazoo's async result (path, stat)."""
+    result = client.handler.async_result()
+    request = CreateContainer(
+        client.chroot + path if client.chroot else path,
+        b"",
+        list(acl if acl is not None else (client.default_acl or OPEN_ACL_UNSAFE)),
+        CONTAINER_FLAGS,
+    )
+    client._call(request, result)
+    return result
+
+
+def remove_data_watches_async(client: Any, path: str) -> Any:
+    """Send ``removeWatches`` for this session's data watches on ``path``."""
+    result = client.handler.async_result()
+    full = client.chroot + path if client.chroot else path
+    client._call(RemoveWatches(full, DATA_WATCHES), result)
+    return result

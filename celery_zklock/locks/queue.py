@@ -1,0 +1,393 @@
+"""The contender queue of one lock path: create our node, wait for our turn, delete. All of the
+lock recipes' ZooKeeper I/O lives here; the decision itself is :func:`contenders.decide`.
+
+One acquire, step by step:
+
+1. Send, back to back on the one connection, a ``createContainer`` for the lock's parent (unless
+   this client recently saw the parent), the create of our protected ephemeral sequential node
+   ``_c_<uuid>-<marker><seq>`` and a ``getChildren`` of the parent. ZooKeeper executes a session's
+   requests in order, so the listing already contains our node: a fresh-key acquire costs one round
+   trip plus the release's delete, like a bare create+delete pair. The create's answer reached
+   the leader, so it moves the client's lease clock forward.
+2. Decide with the listing. Held: done. Not held: watch the one node that blocks us (``exists``
+   with a watch; if it is already gone, list again), wait for its deletion or a connection state
+   change, list again, decide again. A decision taken while the client is between connections
+   waits for the reconnect and is kept only if the session is still the one that created our node.
+3. If the outcome of a create is unknown (the connection dropped before its answer), the node is
+   looked for by the uuid in its name, after a ``sync`` (a lagging follower may not show it yet),
+   before anything is created again; every child with our uuid is ours, and twins are deleted.
+
+Two deadlines bound an acquire: ``wait`` bounds the wait for other holders (``LockTimeout``), and
+``io`` (never earlier) bounds each request's answer (``ZooKeeperUnavailable``), so that even
+``timeout=0`` can be granted a free lock.
+
+Why containers: a persistent parent per key would pile up for every key ever used. A container is
+deleted by the server once its last child is gone. The server may reap it between our look and our
+create; the create then fails with NoNode and we make the parents and create again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    SessionExpiredError,
+)
+from kazoo.protocol.states import KazooState
+
+from celery_zklock.errors import LockTimeout, ZooKeeperUnavailable
+from celery_zklock.locks import adapter
+from celery_zklock.locks.contenders import LockKind, decide, parse_child, queue_of
+from celery_zklock.locks.context import ClientContext, Deadline, wait_result, wait_slice
+
+
+@dataclass
+class Created:
+    """Our contender node, just created: its name, fencing token, session and a listing of the
+    parent taken after it."""
+
+    name: str
+    token: int
+    session_id: int
+    epoch: int
+    children: list[str]
+
+
+class SessionGone(Exception):
+    """Our node disappeared (its session ended): start a new attempt with a new node."""
+
+
+def validate_lock_path(path: str) -> str:
+    """Return ``path`` if it is an absolute znode path usable as a lock, else raise ValueError."""
+    if not isinstance(path, str) or not path.startswith("/") or path == "/":
+        raise ValueError(
+            f"lock path must be an absolute znode path like '/app/locks/x', got {path!r}"
+        )
+    if path.endswith("/") or "//" in path:
+        raise ValueError(f"lock path {path!r} has an empty segment: remove the extra '/'")
+    if any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(
+            f"lock path {path!r} contains '.' or '..' segments, which ZooKeeper refuses"
+        )
+    return path
+
+
+class ContenderQueue:
+    """The queue of contender nodes under one lock path, for one lock kind."""
+
+    def __init__(self, context: ClientContext, path: str, kind: LockKind) -> None:
+        self.context = context
+        self.path = validate_lock_path(path)
+        self.lock_kind = kind
+
+    @property
+    def client(self) -> Any:
+        return self.context.client
+
+    # -- create ----------------------------------------------------------------------------
+    def enqueue(self, prefix: str, io: Deadline, data: bytes) -> Created:
+        """Create our contender node; return it with a listing taken after it was created."""
+        context, client = self.context, self.client
+        parent_known = context.parent_known(self.path)
+        while True:
+            session_id = context.session_id()
+            if session_id is None:
+                context.await_connected(io, f"creating a contender under {self.path}")
+                continue
+            epoch = context.epoch
+            sent_at = time.monotonic()
+            parent = None if parent_known else adapter.create_container_async(client, self.path)
+            created = client.create_async(
+                f"{self.path}/{prefix}{self.lock_kind.marker}",
+                data,
+                ephemeral=True,
+                sequence=True,
+                include_data=True,
+            )
+            # Under a parent we may be creating right now our node is most likely its first
+            # child ever (sequence 0), which holds whatever else comes: list the children in
+            # the same round trip only under a parent we have seen before.
+            listing = client.get_children_async(self.path) if parent_known else None
+            what = f"creating a contender under {self.path}"
+            try:
+                path, stat = wait_result(created, io, what)
+                if listing is not None:
+                    children = wait_result(listing, io, what)
+                elif _first_child_ever(path):
+                    children = [path.rsplit("/", 1)[1]]
+                else:
+                    children = wait_result(client.get_children_async(self.path), io, what)
+            except NoNodeError:
+                self._make_parents(io)
+                parent_known = True
+                continue
+            except ConnectionLoss:
+                found = self._find_ours(prefix, io)
+                if found is None:
+                    continue
+                return found
+            except ConnectionClosedError:
+                raise
+            except SessionExpiredError:
+                context.await_connected(io, what)
+                continue
+            finally:
+                if parent is not None:
+                    self._note_parent_result(parent)
+            context.confirm(sent_at, epoch)
+            if not self._same_session(session_id, epoch, io):
+                # The session ended around the create: the node went with it. Start a new
+                # attempt under a new uuid, so that this one's purge cannot touch it.
+                context.purge_later(self.path, prefix)
+                raise SessionGone()
+            context.remember_parent(self.path, True)
+            return Created(path.rsplit("/", 1)[1], stat.czxid, session_id, epoch, children)
+
+    def _same_session(self, session_id: int, epoch: int, io: Deadline) -> bool:
+        """True if the client's session is still ``session_id`` (waiting out a reconnect)."""
+        current = self.context.session_id()
+        if current is None:
+            self.context.await_connected(io, f"confirming our contender under {self.path}")
+            current = self.context.session_id()
+        return current == session_id and epoch == self.context.epoch
+
+    def _note_parent_result(self, parent: Any) -> None:
+        failed = parent.ready() and not parent.successful()
+        if failed and not isinstance(parent.exception, NodeExistsError):
+            self.context.remember_parent(self.path, False)
+
+    def _find_ours(self, prefix: str, io: Deadline) -> Created | None:
+        """After a connection loss during our create: find our node by its uuid, if it exists.
+
+        Syncs first so that a follower we reconnected to has applied our create if the leader
+        did; every child with our prefix is ours (a twin from an earlier look is deleted), and
+        one owned by an older session of ours is gone with it.
+        """
+        context, client = self.context, self.client
+        what = f"looking for our contender under {self.path}"
+        while True:
+            context.await_connected(io, what)
+            session_id, epoch = context.session_id(), context.epoch
+            if session_id is None:
+                continue
+            try:
+                wait_result(client.sync_async(self.path), io, what)
+                children = wait_result(client.get_children_async(self.path), io, what)
+                ours = sorted(
+                    (c for c in (parse_child(n) for n in children if n.startswith(prefix)) if c),
+                )
+                found: Created | None = None
+                for contender in ours:
+                    node = f"{self.path}/{contender.name}"
+                    stat = wait_result(client.exists_async(node), io, what)
+                    if stat is None or stat.ephemeralOwner != session_id:
+                        continue
+                    if found is None:
+                        found = Created(contender.name, stat.czxid, session_id, epoch, children)
+                    else:
+                        with suppress(NoNodeError):
+                            wait_result(client.delete_async(node), io, what)
+                return found
+            except NoNodeError:
+                return None  # the parent is gone, and with it any node of ours
+            except ConnectionClosedError:
+                raise
+            except (ConnectionLoss, SessionExpiredError):
+                continue
+
+    def _make_parents(self, io: Deadline) -> None:
+        """Create every ancestor of the lock path as a container, pipelined, in one round trip."""
+        parts = self.path.strip("/").split("/")
+        pending = [
+            adapter.create_container_async(self.client, "/" + "/".join(parts[: i + 1]))
+            for i in range(len(parts))
+        ]
+        for result in pending:
+            with suppress(NodeExistsError):
+                wait_result(result, io, f"creating the parents of {self.path}")
+
+    # -- wait ------------------------------------------------------------------------------
+    def await_grant(self, created: Created, blocking: bool, wait: Deadline, io: Deadline) -> bool:
+        """True once our node holds the lock; False for a try-lock that found it busy.
+
+        Raises LockTimeout when ``wait`` passes first (ZooKeeperUnavailable if the client is
+        not connected then), SessionGone when our node or its session is gone.
+        """
+        children = created.children
+        while True:
+            try:
+                decision = decide(queue_of(children), created.name, self.lock_kind.kind)
+            except LookupError:
+                raise SessionGone() from None
+            if decision.holds:
+                if not self._same_session(created.session_id, created.epoch, io):
+                    raise SessionGone()
+                return True
+            if not blocking:
+                return False
+            assert decision.watch is not None
+            self._wait_for_deletion(f"{self.path}/{decision.watch}", wait, io)
+            children = self.listing(io)
+
+    def listing(self, io: Deadline) -> list[str]:
+        """The children of the lock path (waiting out connection losses until ``io``)."""
+        what = f"listing the contenders of {self.path}"
+        while True:
+            try:
+                children: list[str] = wait_result(
+                    self.client.get_children_async(self.path), io, what
+                )
+                return children
+            except ConnectionLoss:
+                self.context.await_connected(io, what)
+            except ConnectionClosedError:
+                raise
+            except (NoNodeError, SessionExpiredError):
+                raise SessionGone() from None
+
+    def _wait_for_deletion(self, path: str, wait: Deadline, io: Deadline) -> None:
+        """Return when ``path`` is deleted or the connection state changes."""
+        context, client = self.context, self.client
+        event = client.handler.event_object()
+        fired = threading.Event()
+
+        def on_watch(_event: object) -> None:
+            fired.set()
+            event.set()
+
+        with context.wakeup_on_state_change(event), self._watching(path, on_watch, fired):
+            try:
+                stat = wait_result(
+                    client.exists_async(path, watch=on_watch), io, f"watching {path}"
+                )
+            except ConnectionLoss:
+                return
+            if stat is None:
+                return
+            while not event.wait(wait_slice(wait)):
+                if wait.expired():
+                    if client.state != KazooState.CONNECTED:
+                        raise ZooKeeperUnavailable(
+                            f"ZooKeeper unreachable while waiting for lock {self.path}"
+                        )
+                    raise LockTimeout(f"timed out waiting for lock {self.path}")
+
+    @contextmanager
+    def _watching(
+        self, path: str, callback: Callable[[object], None], fired: threading.Event
+    ) -> Iterator[None]:
+        """Count our watch on ``path``; on exit remove it if it did not fire (client and server)."""
+        context = self.context
+        with context.lock:
+            context.watch_refs[path] = context.watch_refs.get(path, 0) + 1
+        try:
+            yield
+        finally:
+            with context.lock:
+                left = context.watch_refs[path] - 1
+                if left:
+                    context.watch_refs[path] = left
+                else:
+                    del context.watch_refs[path]
+                if not fired.is_set():
+                    adapter.discard_data_watcher(self.client, path, callback)
+                    # Only when no other waiter of this client watches the same node: the server
+                    # keeps one watch per session and path, shared by all of them.
+                    if not left:
+                        adapter.remove_data_watches_async(self.client, path)
+
+    # -- delete ----------------------------------------------------------------------------
+    def delete(self, node: str, io: Deadline) -> None:
+        """Delete our node, retrying across reconnects until ``io`` (ZooKeeperUnavailable).
+
+        NoNodeError only if the node was already gone at the first attempt: after a
+        ConnectionLoss a NoNode answer means our earlier delete went through, which is success.
+        """
+        context = self.context
+        ambiguous = False
+        while True:
+            epoch = context.epoch
+            sent_at = time.monotonic()
+            try:
+                wait_result(self.client.delete_async(node), io, f"deleting {node}")
+            except NoNodeError:
+                if ambiguous:
+                    return
+                raise
+            except ConnectionLoss:
+                ambiguous = True
+                context.await_connected(io, f"deleting {node}")
+                continue
+            context.confirm(sent_at, epoch)
+            return
+
+    def abandon(self, prefix: str) -> None:
+        """Remove the node(s) of an abandoned attempt, found by its uuid prefix; never raises
+        an Exception (on failure the removal goes on in the background)."""
+        io = Deadline(self.context.timing.idle_gap)
+        what = f"removing an abandoned contender under {self.path}"
+        try:
+            for child in wait_result(self.client.get_children_async(self.path), io, what):
+                if child.startswith(prefix):
+                    with suppress(NoNodeError):
+                        wait_result(self.client.delete_async(f"{self.path}/{child}"), io, what)
+        except NoNodeError:
+            pass
+        except Exception:
+            self.context.purge_later(self.path, prefix)
+        except BaseException:
+            self.context.purge_later(self.path, prefix)
+            raise
+
+    def discard(self, node: str) -> None:
+        """Remove our node after a busy try-lock; in the background if it cannot be done now."""
+        try:
+            self.delete(node, Deadline(self.context.timing.idle_gap))
+        except (NoNodeError, SessionExpiredError):
+            pass
+        except Exception:
+            self.context.purge_later(self.path, node.rsplit("/", 1)[1])
+        except BaseException:
+            self.context.purge_later(self.path, node.rsplit("/", 1)[1])
+            raise
+
+    # -- reporting -------------------------------------------------------------------------
+    def blocker_data(self, timeout: float) -> bytes | None:
+        """Data of the contender a new acquire of this kind would wait for first, if any."""
+        io = Deadline(timeout)
+        try:
+            queue = queue_of(wait_result(self.client.get_children_async(self.path), io, "listing"))
+            blockers = [c for c in queue if self.lock_kind.kind == "write" or c.kind == "write"]
+            if not blockers:
+                return None
+            data, _ = wait_result(
+                self.client.get_async(f"{self.path}/{blockers[0].name}"), io, "reading"
+            )
+            return bytes(data)
+        except NoNodeError:
+            return None
+
+    def participant_nodes(self) -> list[str]:
+        """Names of the current contenders on this lock path, in grant order."""
+        try:
+            children = self.client.get_children(self.path)
+        except NoNodeError:
+            return []
+        return [c.name for c in queue_of(children)]
+
+
+def _first_child_ever(path: str) -> bool:
+    """True if the node at ``path`` got sequence 0: no child was created under its parent
+    before it (ZooKeeper numbers children by the parent's count of child changes), so no
+    contender can come before it."""
+    contender = parse_child(path.rsplit("/", 1)[1])
+    return contender is not None and contender.seq == 0
