@@ -51,8 +51,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from celery_zklock.errors import ConfigurationError
+
 #: The shortest time left to interrupt a body before the leader may expire the session.
 MIN_MARGIN = 0.25
+#: The shortest negotiated session timeout under which a fresh lease outlives one renewal.
+MIN_SESSION_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,16 @@ class LeaseTiming:
         steady = renewing_since is not None and renewing_since <= sent_at - self.steady_after
         gap = self.renew_interval if steady else self.idle_gap
         return sent_at + self.session_timeout - gap - self.leader_lag - self.margin
+
+    def check(self) -> None:
+        """Raise ConfigurationError if leases cannot be kept safely under this timeout."""
+        if self.session_timeout < MIN_SESSION_TIMEOUT:
+            raise ConfigurationError(
+                f"the negotiated ZooKeeper session timeout is {self.session_timeout:g}s; a lease "
+                f"needs at least {MIN_SESSION_TIMEOUT:g}s to be renewed before it must count as "
+                "lost: ask for a longer one (zklock_session_timeout, or the kazoo client's "
+                "timeout) or raise the server's minSessionTimeout"
+            )
 
     @property
     def dead_node_lifetime(self) -> float:

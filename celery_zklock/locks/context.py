@@ -145,6 +145,7 @@ class ClientContext:
         """
         client = self.client
         if adapter.negotiated_timeout(client) is not None:
+            self.timing.check()
             return
         event = self.handler.event_object()
         with self.wakeup_on_state_change(event):
@@ -165,6 +166,7 @@ class ClientContext:
                     )
                 event.wait(wait_slice(deadline))
                 event.clear()
+        self.timing.check()
 
     def await_connected(self, deadline: Deadline, what: str) -> None:
         """Wait until the client is connected; ZooKeeperUnavailable at ``deadline``.

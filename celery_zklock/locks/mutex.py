@@ -97,6 +97,8 @@ class Mutex:
             LockTimeout: other holders kept the lock until the deadline.
             ZooKeeperUnavailable: ZooKeeper did not answer in time, or the client is not
                 started (raised at once), or ZooKeeper failed the request.
+            ConfigurationError: the negotiated session timeout is below 1 s (see
+                :data:`~celery_zklock.locks.clock.MIN_SESSION_TIMEOUT`).
             ValueError: a negative timeout.
 
         The lease is handed out only under a known negotiated session timeout and a fresh
