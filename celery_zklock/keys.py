@@ -22,14 +22,30 @@ Which value is hashed depends on the task's ``lock_key`` (a :data:`LockKeySpec`)
 * a list or tuple of parameter names: the same dict restricted to those names; ``[]`` gives one
   fixed key (a singleton lock for the task). A ``*args`` parameter's value is its tuple, a
   ``**kwargs`` parameter's value its dict.
-* a format string such as ``"{account_id}:{region}"``: the string formatted with the bound
-  arguments. The fields must be parameter names (``{payload[id]}`` and ``{user.id}`` reach into
-  them) and must resolve to scalars; see :class:`KeyBuilder` for what is allowed.
+* a format string such as ``"{account_id}:{region}"``: the fields' values, each as the other
+  forms encode it, with the format string itself (see :class:`KeyBuilder`). The fields must be
+  parameter names (``{payload[id]}`` and ``{user.id}`` reach into them) and must resolve to
+  scalars. The formatted text is only the readable prefix: ``"{a}:{b}"`` gives two keys for
+  ``("x:y", "z")`` and ``("x", "y:z")``, and ``{x}`` two for ``None`` and ``"None"``.
 * a callable: called as ``fn(*args, **kwargs)`` with the task's call arguments; its return value is
   the canonical value. Exceptions it raises propagate unchanged.
 
 Keys depend on the canonical value only, so tasks that share a ``lock_name`` share a lock for
-equal values even when one uses a list of names and the other a callable returning the same dict.
+equal values even when one uses a list of names and the other a callable returning the same dict
+(a format-string key is its own kind of value: it never equals a callable's).
+
+**Numbers follow Python's equality.** ``1``, ``1.0``, ``True`` and ``Decimal("1.00")`` are equal
+in Python and give one key (and ``0.5 == Decimal("0.5")``; ``0.1`` and ``Decimal("0.1")`` differ,
+as in Python). The same call must take the same lock wherever it comes from: Celery's JSON keeps
+``1`` and ``1.0`` apart on the way to the worker, but a producer in another language (JavaScript
+writes ``1.0`` as ``1``) or a value computed elsewhere (``total / 2``) does not, and a lock that
+split equal numbers would let two runs for what the program treats as one account run at once.
+Merging only costs concurrency between values the program already calls equal. Every NaN is one
+value (NaN equals nothing, but a key must equal itself).
+
+Changing the encoding changes every lock name: processes of versions with different encodings
+do not exclude each other, so do not mix them in one fleet (this version changed numbers and
+format strings).
 """
 
 from __future__ import annotations
@@ -84,9 +100,9 @@ _Json: TypeAlias = "bool | int | str | list[_Json] | dict[str, _Json] | None"
 # is wrapped as {"__t": "dict", "v": {...}}, so a user dict can never pass for a tagged value.
 _TAG: Final = "__t"
 
-# str() of a Decimal follows the thread's context (``capitals``): pin a context so the text is the
-# same in every thread and process.
-_DECIMAL_CONTEXT: Final = decimal.Context(capitals=1)
+# Integers are JSON numbers; json refuses to write ints of more than 4300 digits.
+_MAX_INT_DIGITS: Final = 4000
+_MAX_INT_BITS: Final = 14_000  # 2**14000 has 4215 digits
 
 _UNSAFE_CHARS: Final = re.compile(r"[^A-Za-z0-9._,=+@-]")
 
@@ -94,6 +110,9 @@ _SUPPORTED: Final = (
     "None, bool, int, float, str, list, tuple, dict with str keys, set, frozenset, bytes, "
     "Decimal, UUID, datetime, date, time or Enum"
 )
+
+# str() of a Decimal follows the thread's context (``capitals``): pin one.
+_DECIMAL_CONTEXT: Final = decimal.Context(capitals=1)
 
 _short_repr = reprlib.Repr()
 _short_repr.maxstring = 60
@@ -132,6 +151,42 @@ def _tag(tag: str, value: _Json) -> _Json:
     return {_TAG: tag, "v": value}
 
 
+def _number(value: int | float | decimal.Decimal, path: str) -> _Json:
+    """The canonical form of a number: equal numbers (``==``) get equal forms.
+
+    ``bool``, ``int``, ``float`` and ``Decimal`` compare by value in Python (``True == 1 ==
+    1.0 == Decimal("1.00")``), and so do their keys: a number equal to an integer is that JSON
+    integer, any other finite number ``{"__t": "num", "v": "<digits>E<exponent>"}``, its exact
+    value with the trailing zeros of its digits stripped (a float's exact binary value, so
+    ``0.5 == Decimal("0.5")`` share a form and ``0.1 != Decimal("0.1")`` do not). Infinities
+    are ``"Infinity"`` and ``"-Infinity"``; every NaN is ``"NaN"`` (NaN equals nothing, not even
+    itself, but a key must equal itself).
+    """
+    if isinstance(value, int):  # bool too
+        number = int.__int__(value)
+        # (str() of an int of more than 4300 digits raises: look at the bits first)
+        if number.bit_length() > _MAX_INT_BITS or len(str(abs(number))) > _MAX_INT_DIGITS:
+            raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
+        return number
+    exact = decimal.Decimal(float.__float__(value)) if isinstance(value, float) else value
+    if exact.is_nan():
+        return _tag("num", "NaN")
+    if exact.is_infinite():
+        return _tag("num", "-Infinity" if exact.is_signed() else "Infinity")
+    sign, digits, exponent = exact.as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits)).lstrip("0")
+    if not text:
+        return 0
+    stripped = text.rstrip("0")
+    exponent += len(text) - len(stripped)
+    if exponent >= 0:
+        if len(stripped) + exponent > _MAX_INT_DIGITS:
+            raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
+        return int(f"{'-' if sign else ''}{stripped}{'0' * exponent}")
+    return _tag("num", f"{'-' if sign else ''}{stripped}E{exponent}")
+
+
 def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
     """Reduce ``value`` to its canonical JSON-like form or raise :class:`_Unencodable`.
 
@@ -140,7 +195,7 @@ def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
     """
     if depth > MAX_DEPTH:
         raise _Unencodable(path, value, f"it is nested more than {MAX_DEPTH} levels deep")
-    if value is None or value is True or value is False:
+    if value is None:
         return value
     # Enum first: IntEnum and StrEnum members are also ints and strs. An Enum member stands for
     # its value, so the key is the same whether the caller passed the member or the raw value
@@ -151,10 +206,8 @@ def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
     # __str__ or __repr__ cannot change the encoding.
     if isinstance(value, str):
         return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return _tag("float", float.hex(value))
+    if isinstance(value, int | float | decimal.Decimal):
+        return _number(value, path)
     if isinstance(value, list | tuple | dict):
         if id(value) in active:
             raise _Unencodable(path, value, "it contains itself")
@@ -173,9 +226,6 @@ def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
         return _tag("set", sorted(items, key=_dumps))
     if isinstance(value, bytes | bytearray):
         return _tag("bytes", bytes(value).hex())
-    if isinstance(value, decimal.Decimal):
-        with decimal.localcontext(_DECIMAL_CONTEXT):
-            return _tag("decimal", decimal.Decimal.__str__(value))
     if isinstance(value, uuid.UUID):
         return _tag("uuid", str(uuid.UUID(int=value.int)))
     if isinstance(value, datetime.datetime):
@@ -227,9 +277,12 @@ def canonical_json(value: object) -> str:
 
     The text is ASCII JSON with sorted object keys and no spaces, over this normalised form:
 
-    * ``None``, ``bool``, ``int`` and ``str`` (and subclasses of ``int``/``str``) as themselves.
-    * ``float`` as ``{"__t": "float", "v": float.hex(x)}``: ``1`` and ``1.0`` (and ``True``)
-      give different text; ``0.0`` and ``-0.0`` differ too; NaN and infinities are accepted.
+    * ``None`` and ``str`` (and subclasses of ``str``) as themselves.
+    * numbers (``bool``, ``int``, ``float``, ``Decimal``, and their subclasses) by value, so that
+      equal numbers give equal text: a number equal to an integer as that JSON integer (``1``,
+      ``1.0``, ``True`` and ``Decimal("1.00")`` are all ``1``; ``-0.0`` is ``0``), any other as
+      ``{"__t": "num", "v": "<digits>E<exponent>"}`` of its exact value (``0.5`` is
+      ``"5E-1"``, like ``Decimal("0.5")``), ``"Infinity"``, ``"-Infinity"`` or ``"NaN"``.
     * ``list`` and ``tuple`` both as a JSON array: ``[1, 2]`` and ``(1, 2)`` give the *same* text,
       deliberately, as a tuple arrives in the worker as a list after a JSON round trip.
     * ``dict`` with ``str`` keys as a JSON object (a dict whose keys include ``"__t"`` is wrapped as
@@ -237,14 +290,13 @@ def canonical_json(value: object) -> str:
     * ``Enum`` members as their value (so ``Color.RED`` and ``1`` give the same text when
       ``Color.RED.value == 1``).
     * tagged forms ``{"__t": tag, "v": text}``: ``bytes``/``bytearray`` (``"bytes"``, hex),
-      ``Decimal`` (``"decimal"``, ``str``, so ``Decimal("1.0")`` and ``Decimal("1.00")`` differ),
       ``UUID`` (``"uuid"``), ``datetime`` (``"datetime"``, ISO 8601; aware ones converted to UTC
       so equal instants match), ``date``, ``time``, and ``set``/``frozenset`` (``"set"``, the
       elements sorted by their canonical text; ``set`` and ``frozenset`` give the same text).
 
     Raises :class:`LockKeyError` naming the path inside ``value`` and the type that cannot be
-    encoded (any other type, a dict with a non-``str`` key, a container that contains itself, or
-    nesting deeper than :data:`MAX_DEPTH`).
+    encoded (any other type, a dict with a non-``str`` key, a container that contains itself,
+    nesting deeper than :data:`MAX_DEPTH`, or an integer of more than 4000 digits).
     """
     try:
         return _dumps(_normalise(value, "value", 0, set()))
@@ -266,10 +318,39 @@ def _render(normalised: _Json, limit: int, top: bool = False) -> str:
             return _render_dict(inner, limit, top)
         if tag == "set" and isinstance(inner, list):
             return "{" + _render_items((_render(item, limit) for item in inner), limit) + "}"
-        if tag == "float" and isinstance(inner, str):
-            return repr(float.fromhex(inner))
+        if tag == "num" and isinstance(inner, str):
+            return _render_number(inner)
+        if tag == "format" and isinstance(inner, list):
+            return _render_format(inner, limit)
         return _render(inner, limit)
     return _render_dict(normalised, limit, top)
+
+
+def _render_format(inner: list[_Json], limit: int) -> str:
+    """The format string filled in with the fields' canonical forms, as a human reads it."""
+    spec, fields = inner
+    assert isinstance(spec, str) and isinstance(fields, list)
+    values = iter(fields)
+    parts: list[str] = []
+    length = 0
+    for literal, name, _spec, _conversion in string.Formatter().parse(spec):
+        parts.append(literal)
+        if name is not None:
+            parts.append(_render(next(values), limit))
+        length += len(parts[-1]) + len(literal)
+        if length > limit:
+            break
+    return "".join(parts)
+
+
+def _render_number(text: str) -> str:
+    """``0.1`` for a float's exact value, the decimal text for a value no float has."""
+    exact = decimal.Decimal(text)
+    nearest = float(exact)
+    if decimal.Decimal(nearest) == exact:
+        return repr(nearest)
+    with decimal.localcontext(_DECIMAL_CONTEXT):
+        return str(exact)
 
 
 def _render_dict(normalised: dict[str, _Json], limit: int, top: bool) -> str:
@@ -421,9 +502,13 @@ class KeyBuilder:
     call it with each call's ``(args, kwargs)``; it is stateless and thread-safe.
 
     Format-string fields must resolve to ``None``, ``bool``, ``int``, ``float``, ``str``,
-    ``Decimal``, ``UUID``, ``date``/``datetime``/``time``, ``bytes`` or an ``Enum`` of those
-    (formatted as its value). Their text is the ``format()`` of that value, so ``{x}`` gives the
-    same key for ``1`` and ``"1"``, and an aware datetime formats with its own offset.
+    ``Decimal``, ``UUID``, ``date``/``datetime``/``time``, ``bytes`` or an ``Enum`` of those (as
+    its value). The key's value is ``{"__t": "format", "v": [format_string, fields]}`` with one
+    form per field, in order: a plain field (``{x}``) is its value's canonical form, as a list
+    ``lock_key`` would encode it (so ``{x}`` gives one key for ``1`` and ``1.0`` and two for
+    ``1`` and ``"1"``); a field with a conversion or a format spec (``{x!s}``, ``{when:%Y-%m-%d}``)
+    is the text it formats to, which you chose, so it may merge values on purpose (one lock per
+    day). Field boundaries are kept, so no two different field tuples share a key.
     """
 
     __slots__ = ("_names", "kind", "lock_key", "signature", "task_name")
@@ -551,9 +636,23 @@ class KeyBuilder:
                 f"or give lock_key a callable that returns such a value"
             ) from None
 
-    def _format(self, spec: str, arguments: dict[str, object]) -> str:
+    def _format(self, spec: str, arguments: dict[str, object]) -> _Json:
+        """``{"__t": "format", "v": [spec, [one form per field]]}``: see :class:`KeyBuilder`."""
+        formatter = _KeyFormatter(self.task_name)
+        fields: list[_Json] = []
         try:
-            return _KeyFormatter(self.task_name).vformat(spec, (), arguments)
+            for _literal, name, format_spec, conversion in formatter.parse(spec):
+                if name is None:
+                    continue
+                value, _ = formatter.get_field(name, (), arguments)
+                if conversion is None and not format_spec:
+                    fields.append(self._encode(value, name, f"format field {{{name}}}"))
+                    continue
+                value = formatter.convert_field(value, conversion)
+                spec_text = format_spec or ""
+                if "{" in spec_text:
+                    spec_text = formatter.vformat(spec_text, (), arguments)
+                fields.append(_tag("text", formatter.format_field(value, spec_text)))
         except LockKeyError:
             raise
         except (ValueError, TypeError, LookupError, AttributeError) as exc:
@@ -561,6 +660,7 @@ class KeyBuilder:
                 f"task {self.task_name!r}: cannot build the lock key: format string {spec!r} "
                 f"failed on this call's arguments: {type(exc).__name__}: {exc}"
             ) from None
+        return _tag("format", [spec, fields])
 
     def __repr__(self) -> str:
         return f"KeyBuilder({self.task_name!r}, kind={self.kind!r}, lock_key={self.lock_key!r})"
