@@ -7,21 +7,25 @@ and never outlives the process that started it. The pytest fixtures built on thi
 """
 
 from celery_zklock.testing.processes import MissingDependency, StackError, free_port
+from celery_zklock.testing.proxy import TcpProxy
 from celery_zklock.testing.redis_server import RedisServer
 from celery_zklock.testing.zookeeper import (
     ZooKeeperEnsemble,
     ZooKeeperNode,
     ZooKeeperOptions,
     ZooKeeperServer,
+    partition_unavailable_reason,
 )
 
 __all__ = [
     "MissingDependency",
     "RedisServer",
     "StackError",
+    "TcpProxy",
     "ZooKeeperEnsemble",
     "ZooKeeperNode",
     "ZooKeeperOptions",
     "ZooKeeperServer",
     "free_port",
+    "partition_unavailable_reason",
 ]

@@ -11,6 +11,11 @@ child's own: a ``srvr`` answered by another program on that port is never taken 
 start fails because a port was taken, it is retried with new ports; other failures raise
 :class:`StackError` with the end of the node's log.
 
+An ensemble made with ``isolatable=...`` runs those members under their own (otherwise unused)
+uids, and :meth:`ZooKeeperEnsemble.isolate` cuts one of them off from the other members while its
+client port stays reachable: see :class:`ZooKeeperEnsemble` and
+:func:`partition_unavailable_reason` (root, ``iptables``, ``setpriv``).
+
 ZooKeeper is found through ``zookeeper_home`` / ``$ZOOKEEPER_HOME`` (an unpacked Apache release:
 ``lib/*.jar`` and ``*.jar``) or else Debian's ``/usr/share/java/zookeeper.jar``; java through
 ``java`` / ``$JAVA_HOME/bin/java`` / ``PATH``. Missing ones raise :class:`MissingDependency` at
@@ -19,13 +24,18 @@ start, naming the Debian package to install.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +58,7 @@ __all__ = [
     "ZooKeeperNode",
     "ZooKeeperOptions",
     "ZooKeeperServer",
+    "partition_unavailable_reason",
     "srvr",
 ]
 
@@ -94,6 +105,10 @@ class ZooKeeperOptions:
     ``client_address`` is where the client port listens: ``127.0.0.1`` (default) or
     ``0.0.0.0``, every address of the machine, so that clients in a network namespace reach the
     server through a veth pair; quorum and election ports stay on 127.0.0.1.
+    ``init_limit_ticks`` and ``sync_limit_ticks`` are an ensemble's ``initLimit`` and
+    ``syncLimit`` (in ticks of ``tick_time_ms``): a follower that hears nothing from its leader
+    for ``sync_limit_ticks * tick_time_ms`` stops serving, and the leader drops a follower that
+    is silent as long. ZooKeeper's minimum session timeout is its default, ``2 * tick_time_ms``.
     """
 
     container_check_interval_ms: int = 300
@@ -107,6 +122,8 @@ class ZooKeeperOptions:
     port_picker: Callable[[], int] | None = field(default=None, compare=False)
     start_attempts: int = 3
     client_address: str = "127.0.0.1"
+    init_limit_ticks: int = 10
+    sync_limit_ticks: int = 5
 
     def __post_init__(self) -> None:
         if self.client_address not in CLIENT_ADDRESSES:
@@ -128,6 +145,11 @@ class ZooKeeperOptions:
             )
         if self.start_attempts < 1:
             raise ValueError(f"start_attempts must be >= 1, got {self.start_attempts}")
+        if self.init_limit_ticks < 1 or self.sync_limit_ticks < 1:
+            raise ValueError(
+                "init_limit_ticks and sync_limit_ticks must be >= 1, got "
+                f"{self.init_limit_ticks} and {self.sync_limit_ticks}"
+            )
         if isinstance(self.extra_jvm_flags, str):
             raise ValueError("extra_jvm_flags must be a sequence of flags, not one string")
         object.__setattr__(self, "extra_jvm_flags", tuple(self.extra_jvm_flags))
@@ -229,6 +251,9 @@ class ZooKeeperNode:
     ``myid`` is the server id in an ensemble (1..N), or 1 for a standalone server.
     ``port`` is the client port. The directory survives :meth:`stop` and a killed JVM, so that
     an ensemble can restart the node with the same data; :meth:`destroy` removes it.
+    ``uid``: run the JVM under this numeric uid and gid (no passwd entry needed; its directory
+    is given to it at launch) through ``setpriv``, which keeps the parent-death signal; needs
+    root. None (default) runs it as we run.
     """
 
     def __init__(
@@ -239,8 +264,10 @@ class ZooKeeperNode:
         port: int,
         quorum_port: int | None = None,
         election_port: int | None = None,
+        uid: int | None = None,
     ) -> None:
         self.myid = myid
+        self.uid = uid
         self.port = port
         self.quorum_port = quorum_port
         self.election_port = election_port
@@ -316,7 +343,7 @@ class ZooKeeperNode:
         if not opts.force_sync:
             lines.append("forceSync=no")
         if peers:
-            lines += ["initLimit=10", "syncLimit=5"]
+            lines += [f"initLimit={opts.init_limit_ticks}", f"syncLimit={opts.sync_limit_ticks}"]
             lines += [
                 f"server.{peer.myid}=127.0.0.1:{peer.quorum_port}:{peer.election_port}"
                 for peer in peers
@@ -351,6 +378,19 @@ class ZooKeeperNode:
             MAIN_CLASS,
             str(self.directory / "zoo.cfg"),
         ]
+        if self.uid is not None:
+            self._give_directory_to(self.uid)
+            # setpriv execs the JVM (same pid); --pdeathsig=keep restores the parent-death signal
+            # that changing the uid clears, so the JVM still dies with us.
+            argv = [
+                _find_setpriv(),
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--pdeathsig=keep",
+                "--",
+                *argv,
+            ]
         self._child = ChildProcess(
             f"ZooKeeper node {self.myid} (port {self.port})",
             argv,
@@ -358,6 +398,12 @@ class ZooKeeperNode:
             cwd=self.directory,
         )
         self._child.start()
+
+    def _give_directory_to(self, uid: int) -> None:
+        for root, dirs, files in os.walk(self.directory):
+            for name in (*dirs, *files):
+                os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+        os.chown(self.directory, uid, uid)
 
     def wait_serving(self, deadline: float, modes: Iterable[str] = SERVING_MODES) -> str:
         """Wait until the node serves in one of ``modes``; return the mode.
@@ -562,6 +608,240 @@ class ZooKeeperServer:
         self.stop()
 
 
+# ---------------------------------------------------------------------------------- partitions
+
+_IPTABLES_TIMEOUT = 15.0
+_CHAIN_PREFIX = "ZKL"
+_MARK_SHIFT = 24  # connmark bits 24..30, one per member myid 1..7
+_MAX_ISOLATABLE_MYID = 7
+_UID_BASE = 0x40000000  # uids no account uses; each member gets its own random one
+
+
+def _find_setpriv() -> str:
+    found = shutil.which("setpriv")
+    if found is None:
+        raise MissingDependency(
+            "setpriv (runs a ZooKeeper member under its own uid) was not found on PATH: "
+            "install it with `apt-get install -y util-linux`"
+        )
+    return found
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``iptables -w <args>`` (filter table); raise StackError on failure if ``check``."""
+    argv = ["iptables", "-w", "5", *args]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_IPTABLES_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StackError(f"`{' '.join(argv)}` failed: {exc}") from exc
+    if check and done.returncode != 0:
+        raise StackError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _pid_namespace_tag() -> str:
+    """Hex inode of our pid namespace: chains of dead pids are reaped only in our namespace."""
+    try:
+        return f"{os.stat('/proc/self/ns/pid').st_ino:x}"
+    except OSError:
+        return "0"
+
+
+@functools.cache
+def _kernel_partition_problem() -> str | None:
+    """Try the iptables rules a partition uses on a scratch chain; the error, or None."""
+    chain = f"{_CHAIN_PREFIX}{_pid_namespace_tag()}-{os.getpid():x}-p{secrets.token_hex(2)}"
+    rules = [
+        ["-p", "tcp", "-m", "owner", "--uid-owner", str(_UID_BASE), "-m", "conntrack",
+         "--ctorigdstport", "1", "-j", "CONNMARK", "--or-mark", f"{1 << _MARK_SHIFT:#x}"],
+        ["-p", "tcp", "-m", "connmark", "--mark", f"{1 << _MARK_SHIFT:#x}/"
+         f"{1 << _MARK_SHIFT:#x}", "-j", "DROP"],
+    ]  # fmt: skip
+    try:
+        _iptables("-N", chain)
+    except StackError as exc:
+        return f"iptables cannot create a chain here: {exc}"
+    try:
+        for rule in rules:
+            _iptables("-A", chain, *rule)
+    except StackError as exc:
+        return f"the kernel refuses the owner/conntrack/connmark rules a partition needs: {exc}"
+    finally:
+        _iptables("-F", chain, check=False)
+        _iptables("-X", chain, check=False)
+    return None
+
+
+def partition_unavailable_reason() -> str | None:
+    """Why :meth:`ZooKeeperEnsemble.isolate` cannot work here, or None if it can.
+
+    Needs root (iptables, and running members under other uids), the ``iptables`` program
+    (Debian package ``iptables``; either backend, nf_tables or legacy, works), ``setpriv``
+    (``util-linux``), and a kernel that accepts the ``owner``, ``conntrack`` and ``connmark``
+    matches and the ``CONNMARK`` target in the filter table's OUTPUT chain (checked once per
+    process on a scratch chain, which is removed again).
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "cutting a ZooKeeper member off needs root (iptables, other uids)"
+    if shutil.which("iptables") is None:
+        return "the `iptables` program is missing: apt-get install -y iptables"
+    if shutil.which("setpriv") is None:
+        return "the `setpriv` program is missing: apt-get install -y util-linux"
+    return _kernel_partition_problem()
+
+
+_live_firewalls: set[_Firewall] = set()
+_firewalls_lock = threading.Lock()
+_firewall_atexit_installed = False
+
+
+def _remove_live_firewalls() -> None:
+    with _firewalls_lock:
+        firewalls = list(_live_firewalls)
+    for firewall in firewalls:
+        firewall.remove()
+
+
+def _reap_stale_chains() -> None:
+    """Remove chains left by processes of our pid namespace that died without cleaning up."""
+    prefix = f"{_CHAIN_PREFIX}{_pid_namespace_tag()}-"
+    listing = _iptables("-S", check=False).stdout
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or parts[0] != "-N" or not parts[1].startswith(prefix):
+            continue
+        pid_hex = parts[1][len(prefix) :].split("-", 1)[0]
+        try:
+            pid = int(pid_hex, 16)
+        except ValueError:
+            continue
+        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            _drop_chain(parts[1])
+
+
+def _drop_chain(chain: str) -> None:
+    """Unhook ``chain`` from OUTPUT (every jump), flush and delete it; ignores a missing one."""
+    for _ in range(100):
+        if _iptables("-D", "OUTPUT", "-j", chain, check=False).returncode != 0:
+            break
+    _iptables("-F", chain, check=False)
+    _iptables("-X", chain, check=False)
+
+
+class _Firewall:
+    """The iptables chain of one ensemble: cuts isolated members off from the others.
+
+    One chain per ensemble, ``ZKL<pid namespace>-<pid>-<random>``, jumped to first from the
+    filter table's OUTPUT chain (every packet between local processes passes OUTPUT, so one
+    chain sees both directions). It only ever matches this ensemble's quorum and election
+    connections, so ensembles of parallel runs never touch each other's traffic:
+
+    * always, for each isolatable member k (its JVM runs under its own uid U_k): a packet that
+      U_k sends on a connection it opened to another member's quorum or election port marks
+      that connection (conntrack mark bit k, ``CONNMARK --or-mark``);
+    * while k is isolated: DROP every packet of a connection with mark bit k (k's connections
+      to the others, both directions), and every packet of a connection opened to k's quorum or
+      election port (the others' connections to k, both directions, new ones included).
+
+    Client connections are never matched: k's client port keeps serving its clients.
+    """
+
+    def __init__(self, members: dict[int, int], nodes: Sequence[ZooKeeperNode]) -> None:
+        self.members = dict(members)  # myid -> uid
+        self.nodes = list(nodes)
+        self.chain = f"{_CHAIN_PREFIX}{_pid_namespace_tag()}-{os.getpid():x}-{secrets.token_hex(3)}"
+        self.isolated: set[int] = set()
+        self._installed = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _peer_ports(node: ZooKeeperNode) -> list[int]:
+        return [p for p in (node.quorum_port, node.election_port) if p is not None]
+
+    def _mark_rules(self) -> list[list[str]]:
+        rules: list[list[str]] = []
+        for myid, uid in sorted(self.members.items()):
+            for other in self.nodes:
+                if other.myid == myid:
+                    continue
+                for port in self._peer_ports(other):
+                    rules.append(
+                        ["-p", "tcp", "-m", "owner", "--uid-owner", str(uid),
+                         "-m", "conntrack", "--ctorigdstport", str(port),
+                         "-j", "CONNMARK", "--or-mark", self._bit(myid)]
+                    )  # fmt: skip
+        return rules
+
+    def _drop_rules(self, myid: int) -> list[list[str]]:
+        bit = self._bit(myid)
+        rules = [["-p", "tcp", "-m", "connmark", "--mark", f"{bit}/{bit}", "-j", "DROP"]]
+        node = next(n for n in self.nodes if n.myid == myid)
+        for port in self._peer_ports(node):
+            rules.append(
+                ["-p", "tcp", "-m", "conntrack", "--ctorigdstport", str(port), "-j", "DROP"]
+            )
+        return rules
+
+    @staticmethod
+    def _bit(myid: int) -> str:
+        return f"{1 << (_MARK_SHIFT + myid - 1):#x}"
+
+    def install(self) -> None:
+        """Create the chain with its marking rules and hook it into OUTPUT."""
+        global _firewall_atexit_installed
+        with _firewalls_lock:
+            if not _firewall_atexit_installed:
+                atexit.register(_remove_live_firewalls)
+                _firewall_atexit_installed = True
+            _live_firewalls.add(self)
+        _reap_stale_chains()
+        with self._lock:
+            self._installed = True
+            try:
+                _iptables("-N", self.chain)
+                for rule in self._mark_rules():
+                    _iptables("-A", self.chain, *rule)
+                _iptables("-I", "OUTPUT", "1", "-j", self.chain)
+            except BaseException:
+                self._remove_locked()
+                raise
+
+    def isolate(self, myid: int) -> None:
+        """Drop member ``myid``'s quorum and election traffic, both ways (idempotent)."""
+        with self._lock:
+            if not self._installed:
+                raise StackError("the ensemble's partition rules are not installed")
+            if myid in self.isolated:
+                return
+            for rule in self._drop_rules(myid):
+                _iptables("-A", self.chain, *rule)
+            self.isolated.add(myid)
+
+    def heal(self, myid: int) -> None:
+        """Remove member ``myid``'s drop rules (idempotent)."""
+        with self._lock:
+            if myid not in self.isolated:
+                return
+            for rule in self._drop_rules(myid):
+                _iptables("-D", self.chain, *rule, check=False)
+            self.isolated.discard(myid)
+
+    def remove(self) -> None:
+        """Unhook and delete the chain (idempotent)."""
+        with self._lock:
+            self._remove_locked()
+
+    def _remove_locked(self) -> None:
+        if self._installed:
+            _drop_chain(self.chain)
+            self._installed = False
+            self.isolated.clear()
+        with _firewalls_lock:
+            _live_firewalls.discard(self)
+
+
 # ----------------------------------------------------------------------------------- ensemble
 
 
@@ -598,6 +878,16 @@ class ZooKeeperEnsemble:
     restarted (same ports, same data) to test failover. ``stop`` returns once every JVM is gone
     and every directory removed. Usable as a context manager. Options: see
     :class:`ZooKeeperOptions`.
+
+    Partitions: ``isolatable`` (``True`` for every member, or a collection of myids) runs those
+    members' JVMs under their own random uids, so that :meth:`isolate` can cut one of them off
+    from the other members - quorum and election traffic, both directions, existing and new
+    connections, packets silently dropped - while its client port stays reachable by clients.
+    It uses one iptables chain per ensemble (see :class:`_Firewall`), removed by :meth:`stop`
+    (also when start fails), at interpreter exit, and, if this process died without either, by
+    the next ensemble that installs a chain in this pid namespace. Requirements:
+    :func:`partition_unavailable_reason`; ``start`` raises :class:`MissingDependency` or
+    :class:`StackError` with that reason when they are not met. Up to myid 7.
     """
 
     def __init__(
@@ -615,10 +905,20 @@ class ZooKeeperEnsemble:
         port_picker: Callable[[], int] | None = None,
         start_attempts: int = 3,
         client_address: str = "127.0.0.1",
+        init_limit_ticks: int = 10,
+        sync_limit_ticks: int = 5,
+        isolatable: bool | Collection[int] = False,
     ) -> None:
         if size < 2:
             raise ValueError(f"an ensemble needs size >= 2, got {size}; use ZooKeeperServer")
         self.size = size
+        wanted = set(range(1, size + 1)) if isolatable is True else set(isolatable or ())
+        if not wanted <= set(range(1, size + 1)):
+            raise ValueError(f"isolatable myids must be in 1..{size}, got {sorted(wanted)}")
+        if wanted and max(wanted) > _MAX_ISOLATABLE_MYID:
+            raise ValueError(f"only myids 1..{_MAX_ISOLATABLE_MYID} can be isolatable")
+        self.isolatable: frozenset[int] = frozenset(wanted)
+        """The myids that run under their own uid, the ones :meth:`isolate` accepts."""
         self.options = ZooKeeperOptions(
             container_check_interval_ms=container_check_interval_ms,
             container_max_per_minute=container_max_per_minute,
@@ -631,9 +931,12 @@ class ZooKeeperEnsemble:
             port_picker=port_picker,
             start_attempts=start_attempts,
             client_address=client_address,
+            init_limit_ticks=init_limit_ticks,
+            sync_limit_ticks=sync_limit_ticks,
         )
         self._nodes: list[ZooKeeperNode] = []
         self._runtime: _Runtime | None = None
+        self._firewall: _Firewall | None = None
 
     def __repr__(self) -> str:
         if not self._nodes:
@@ -648,10 +951,19 @@ class ZooKeeperEnsemble:
         if self._nodes:
             raise StackError(f"{self!r} is already started; call stop() first")
         runtime = _find_runtime(self.options)
+        uids: dict[int, int] = {}
+        if self.isolatable:
+            _find_setpriv()
+            reason = partition_unavailable_reason()
+            if reason is not None:
+                raise StackError(f"isolatable ZooKeeper members cannot be run: {reason}")
+            while len(set(uids.values())) < len(self.isolatable):
+                uids = {m: _UID_BASE + secrets.randbelow(0x3FFF0000) for m in self.isolatable}
 
         def attempt(deadline: float) -> list[ZooKeeperNode]:
             pick = self.options.pick_port
             nodes: list[ZooKeeperNode] = []
+            firewall: _Firewall | None = None
             try:
                 for myid in range(1, self.size + 1):
                     nodes.append(
@@ -661,8 +973,14 @@ class ZooKeeperEnsemble:
                             port=pick(),
                             quorum_port=pick(),
                             election_port=pick(),
+                            uid=uids.get(myid),
                         )
                     )
+                if uids:
+                    # Before the JVMs start: every member connection is tracked and marked.
+                    firewall = _Firewall(uids, nodes)
+                    self._firewall = firewall
+                    firewall.install()
                 for node in nodes:
                     node.write_config(nodes)
                 for node in nodes:
@@ -675,6 +993,9 @@ class ZooKeeperEnsemble:
                     node.signal(signal.SIGTERM)
                 for node in nodes:
                     node.destroy()
+                if firewall is not None:
+                    firewall.remove()
+                    self._firewall = None
                 raise
             return nodes
 
@@ -685,12 +1006,63 @@ class ZooKeeperEnsemble:
         return self
 
     def stop(self) -> None:
-        """Stop every node and remove their directories; returns once all JVMs are gone."""
+        """Stop every node and remove their directories; returns once all JVMs are gone.
+
+        Also heals every partition and removes the ensemble's iptables chain. Idempotent.
+        """
         nodes, self._nodes = self._nodes, []
-        for node in nodes:
-            node.signal(signal.SIGTERM)  # all at once: the stops overlap instead of adding up
-        for node in nodes:
-            node.destroy()
+        firewall, self._firewall = self._firewall, None
+        try:
+            for node in nodes:
+                node.signal(signal.SIGTERM)  # all at once: the stops overlap instead of adding up
+            for node in nodes:
+                node.destroy()
+        finally:
+            if firewall is not None:
+                firewall.remove()
+
+    def isolate(self, myid: int) -> None:
+        """Cut member ``myid`` off from every other member; its client port stays reachable.
+
+        From return on, every packet between ``myid`` and the other members' quorum and
+        election ports, both directions, on existing and new connections, is dropped silently
+        (no reset). Clients connected to ``myid`` keep their connection: the member keeps
+        answering them (pings, reads) until it notices the silence itself - a follower after
+        ``sync_limit_ticks * tick_time_ms`` without its leader - and then stops serving and
+        drops them; the leader, meanwhile, stops counting it after the same time. Idempotent.
+        Raises ValueError if ``myid`` is not in :attr:`isolatable`, StackError if the ensemble
+        is not started or iptables fails.
+        """
+        self._partition_firewall(myid).isolate(myid)
+
+    def heal(self, myid: int) -> None:
+        """Undo :meth:`isolate` for ``myid`` (idempotent); the member rejoins by itself.
+
+        Returns once the rules are gone, not once the member serves again: wait with
+        :meth:`wait_serving` for that.
+        """
+        if self._firewall is not None:
+            self._partition_firewall(myid).heal(myid)
+
+    @property
+    def isolated(self) -> frozenset[int]:
+        """The myids currently cut off by :meth:`isolate`."""
+        return frozenset(self._firewall.isolated) if self._firewall is not None else frozenset()
+
+    @property
+    def firewall_chain(self) -> str | None:
+        """Name of this ensemble's iptables chain (filter table) while it exists, else None."""
+        return self._firewall.chain if self._firewall is not None else None
+
+    def _partition_firewall(self, myid: int) -> _Firewall:
+        if myid not in self.isolatable:
+            raise ValueError(
+                f"ZooKeeper member {myid} is not isolatable (isolatable: "
+                f"{sorted(self.isolatable)}); pass isolatable=... to the ensemble"
+            )
+        if self._firewall is None or not self._nodes:
+            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+        return self._firewall
 
     @property
     def nodes(self) -> list[ZooKeeperNode]:
