@@ -96,6 +96,7 @@ class ClientContext:
         self._valid_until = -math.inf
         self._renewing_since: float | None = None
         self._last_renewal_sent: float | None = None
+        self._next_renewal = math.inf
         self._renewal_outstanding = False
         self._renewer_running = False
         self._renew_event = client.handler.event_object()
@@ -222,13 +223,17 @@ class ClientContext:
 
     def track(self, held: Timed) -> None:
         """Time ``held``: it is declared lost when the clock runs out or its session ends."""
+        renew_interval = self.timing.renew_interval
         with self.lock:
-            self._timed.add(held)
-            start = not self._renewer_running
-            if start:
-                self._renewer_running = True
+            if not self._timed:
+                # A new stretch of holding: the first renewal is due one interval from now
+                # (the grant's own create just confirmed the session).
                 self._renewing_since = None
                 self._last_renewal_sent = None
+                self._next_renewal = time.monotonic() + renew_interval
+            self._timed.add(held)
+            start = not self._renewer_running
+            self._renewer_running = True
         current = self.session_id()
         if current is not None and current != held.session_id:
             self.declare_lost("the ZooKeeper session changed", only_session=held.session_id)
@@ -256,39 +261,52 @@ class ClientContext:
         )
 
     def _renew_loop(self) -> None:
+        """Renew while leases are held; declare them lost when the clock runs out. Lingers
+        a session timeout after the last lease goes, so short tasks do not start a thread each."""
         client_ref, event = self._client_ref, self._renew_event
+        idle_since: float | None = None
         while True:
             client = client_ref()
+            now = time.monotonic()
+            timing = self.timing if client is not None else None
             with self.lock:
-                if client is None or not self._timed:
+                if client is None or timing is None:
                     self._renewer_running = False
-                    self._renewing_since = None
                     return
+                holding = bool(self._timed)
+                if holding:
+                    idle_since = None
+                else:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= timing.session_timeout:
+                        self._renewer_running = False
+                        return
                 valid_until = self._valid_until
                 outstanding = self._renewal_outstanding
-                last_sent = self._last_renewal_sent
-            timing = self.timing
-            now = time.monotonic()
-            if now >= valid_until:
+                next_renewal = self._next_renewal
+            if not holding:
+                assert idle_since is not None
+                wake_at = idle_since + timing.session_timeout
+            elif now >= valid_until:
                 self.declare_lost(self._expired_reason())
                 continue
-            next_renewal = now if last_sent is None else last_sent + timing.renew_interval
-            if not outstanding and now >= next_renewal:
-                self._send_renewal(client, now, last_sent, timing)
-                next_renewal = now + timing.renew_interval
-            wake_at = valid_until if outstanding else min(valid_until, next_renewal)
+            else:
+                if not outstanding and now >= next_renewal:
+                    self._send_renewal(client, now, timing)
+                    outstanding = True
+                wake_at = valid_until if outstanding else min(valid_until, self._next_renewal)
             del client
             event.wait(max(0.0, wake_at - time.monotonic()))
             event.clear()
 
-    def _send_renewal(
-        self, client: KazooClient, now: float, last_sent: float | None, timing: LeaseTiming
-    ) -> None:
+    def _send_renewal(self, client: KazooClient, now: float, timing: LeaseTiming) -> None:
         with self.lock:
+            last_sent = self._last_renewal_sent
             on_time = last_sent is not None and now - last_sent <= timing.renew_interval * _ON_TIME
             if not on_time or self._renewing_since is None:
                 self._renewing_since = now
             self._last_renewal_sent = now
+            self._next_renewal = now + timing.renew_interval
             self._renewal_outstanding = True
             epoch = self.epoch
 
