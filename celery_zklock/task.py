@@ -58,6 +58,7 @@ from celery_zklock.errors import (
     LockTimeout,
     ZooKeeperUnavailable,
 )
+from celery_zklock.interrupt import arm
 from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease, ReadWriteLock
 from celery_zklock.locks.rwlock import LockSide
@@ -73,7 +74,6 @@ from celery_zklock.options import (
     options_from_task,
     with_call_overrides,
 )
-from celery_zklock.revoke import arm
 from celery_zklock.session import close_clients, get_client
 
 logger = logging.getLogger("celery_zklock")
@@ -260,16 +260,20 @@ class ZkLockTask(Task):  # type: ignore[misc]
     def _run_holding(
         self, lease: Lease, path: str, options: LockOptions, args: Any, kwargs: Any
     ) -> Any:
-        revocation = arm()
+        try:
+            interruption = arm()
+        except BaseException:
+            lease.release()
+            raise
         task_id = self.request.id
 
         def on_lost(reason: str) -> None:
-            # Runs on the session's thread or greenlet, where self.request is not this run's.
+            # Runs on the lease clock's thread or greenlet, where self.request is not this run's.
+            interruption.fire(reason)  # first: before logging and user receivers
             self._event("lost", path, task_id=task_id, token=lease.token, reason=reason)
             signals.lock_lost.send(
                 sender=self, task_id=task_id, path=path, token=lease.token, reason=reason
             )
-            revocation.fire(reason)
 
         stack = self._zklock_local.__dict__.setdefault("stack", [])
         stack.append(lease)
@@ -284,7 +288,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
                 result = None
         finally:
             try:
-                revocation.disarm()
+                interruption.disarm()
             finally:
                 lease.remove_on_lost(on_lost)
                 stack.pop()

@@ -88,7 +88,7 @@ def _write_atomically(path: Path, text: str) -> None:
 @app.task(bind=True, base=ZkLockTask, lock_name="long", lock_key=["key"], lock_on_busy="wait")
 def long_hold(self: Any, key: str, seconds: float) -> str:
     """Records its session (id, password, pid) and then runs until interrupted."""
-    client = self.lock._hold.internals.client
+    client = self._zklock_client(self._call_options())  # the client that holds the lock
     session_id, password = client.client_id
     record = {"session_id": session_id, "password": password.hex(), "pid": os.getpid(),
               "token": self.lock.token}  # fmt: skip
