@@ -313,6 +313,10 @@ class ClientContext:
         def answered(result: Any) -> None:
             with self.lock:
                 self._renewal_outstanding = False
+                if not result.successful():
+                    # It may never have reached the server: the gap between our touches is
+                    # no longer known to be one interval.
+                    self._renewing_since = None
             if result.successful():
                 self.confirm(now, epoch)
             self._renew_event.set()
