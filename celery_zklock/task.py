@@ -7,50 +7,41 @@ applies the busy policy, and releases in every outcome.
 
 Outcomes of one run:
 
-- lock granted: the body runs with ``self.lock`` = the :class:`~celery_zklock.Lease`; the lease
-  is released in a ``finally`` (success, exception, ``Retry``, ``Ignore``, ``Reject``, soft time
-  limit). If the lease was lost before the release - whether the body was interrupted or had
-  already returned - the task ends with :class:`~celery_zklock.LockLost` (``lock_on_lost="retry"``:
-  a retry), never SUCCESS.
+- lock granted: the body runs with ``self.lock`` = the :class:`~celery_zklock.Lease`. From the
+  moment acquire returns it the lease is released in a ``finally`` (success, exception,
+  ``Retry``, ``Ignore``, ``Reject``, a soft time limit, a loss before the body started). If the
+  lease was lost before the release - the body interrupted (:mod:`celery_zklock.interrupt`),
+  never started, or already returned - the task ends with :class:`~celery_zklock.LockLost`
+  (``lock_on_lost="retry"``: a retry), never SUCCESS.
 - busy, ``skip``: SUCCESS with a JSON result for which :func:`is_skipped` is true, naming the
   lock and the holder's task id; the body does not run.
 - busy, ``wait``: waits up to ``lock_timeout``; then ``lock_on_timeout`` (skip, retry, raise).
 - busy, ``retry``: ``self.retry(countdown=lock_retry_countdown)``; ``raise``: fails with
   :class:`~celery_zklock.LockBusy`.
-- the holder is this very task id: with a lower retry count it is our own previous attempt
-  still finishing (``self.retry`` publishes before it raises), so we wait for it whatever the
-  policy; with the same retry count it is another delivery of the same message: we wait up to
-  1.5 session timeouts + 1 s for the lock. Still held: a duplicate of a run in progress (e.g. a
-  Redis visibility-timeout redelivery), logged and ignored (``Ignore``: no state is written, so
-  the running original's result stands). Granted: the first delivery's process died (a killed
-  prefork child's message comes back at once), so this one runs, unless the task's result
-  becomes final within 2 s (the original released just before Celery stored its result). With
-  ``acks_late`` Celery is at-least-once: without a result backend, or one slower than that, such
-  a copy runs the task a second time - after the original, never beside it.
-- ZooKeeper unreachable: in a worker the task retries (``ZooKeeperUnavailable``, Celery's
-  ``max_retries`` applies, then it fails with that reason); called directly or eagerly it raises.
+- a node of this very task id in the lock's queue: our own previous attempt finishing (we wait
+  for it whatever the policy), or another delivery of the same message (we wait for it to go,
+  and are ignored while it lives): see :mod:`celery_zklock.delivery`.
+- ZooKeeper unreachable or failing, before or during a wait: in a worker the task retries
+  (``ZooKeeperUnavailable``, Celery's ``max_retries`` applies, then it fails with that reason);
+  called directly or eagerly it raises. Never a timeout or a skip.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import os
-import socket
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from celery import Task, states
-from celery.exceptions import Ignore
+from celery import Task
 from celery.signals import worker_process_shutdown, worker_shutdown
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from celery_zklock import signals
+from celery_zklock import delivery, signals
 from celery_zklock.config import client_config, lock_root
 from celery_zklock.errors import (
     LockBusy,
@@ -58,10 +49,9 @@ from celery_zklock.errors import (
     LockTimeout,
     ZooKeeperUnavailable,
 )
-from celery_zklock.interrupt import arm
+from celery_zklock.interrupt import Interruption, arm
 from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease, ReadWriteLock
-from celery_zklock.locks.rwlock import LockSide
 from celery_zklock.options import (
     DEFAULT_MODE,
     DEFAULT_ON_BUSY,
@@ -79,9 +69,20 @@ from celery_zklock.session import close_clients, get_client
 logger = logging.getLogger("celery_zklock")
 
 SKIP_MARKER = "__zklock_skipped__"
-RESULT_SETTLE_SECONDS = 2.0
-"""How long a copy of a message that got its task's lock waits for the original's result."""
 CALL_OPTION = "zklock"
+QUEUE_READ_TIMEOUT = 5.0
+"""Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
+
+
+class _Run:
+    """One locked run: its lease from the moment acquire returns it, and its times."""
+
+    __slots__ = ("granted_at", "lease", "started")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.lease: Lease | None = None
+        self.granted_at: float | None = None
 
 
 def is_skipped(result: Any) -> bool:
@@ -239,74 +240,79 @@ class ZkLockTask(Task):  # type: ignore[misc]
         client = self._zklock_client(options)
         rw = ReadWriteLock(client, path)
         side = rw.write if options.mode == "exclusive" else rw.read
-        started = time.monotonic()
+        run = _Run(time.monotonic())
         try:
-            lease = self._zklock_acquire(side, path, options)
-        except KazooException as exc:  # e.g. the session expired twice during the acquire
-            error = ZooKeeperUnavailable(
-                f"task {self.name!r}: ZooKeeper failed while acquiring lock {path}: {exc!r}"
-            )
-            raise self._retry_or(error, options) from exc
-        if not isinstance(lease, Lease):
-            return lease  # a skip result
-        waited = time.monotonic() - started
-        self._event("acquired", path, token=lease.token, mode=options.mode, waited=waited)
-        signals.lock_acquired.send(
-            sender=self, task_id=self.request.id, path=path, token=lease.token,
-            mode=options.mode, waited=waited,
-        )  # fmt: skip
-        return self._run_holding(lease, path, options, args, kwargs)
-
-    def _run_holding(
-        self, lease: Lease, path: str, options: LockOptions, args: Any, kwargs: Any
-    ) -> Any:
-        try:
-            interruption = arm()
-        except BaseException:
-            lease.release()
-            raise
-        task_id = self.request.id
-
-        def on_lost(reason: str) -> None:
-            # Runs on the lease clock's thread or greenlet, where self.request is not this run's.
-            interruption.fire(reason)  # first: before logging and user receivers
-            self._event("lost", path, task_id=task_id, token=lease.token, reason=reason)
-            signals.lock_lost.send(
-                sender=self, task_id=task_id, path=path, token=lease.token, reason=reason
-            )
-
-        stack = self._zklock_local.__dict__.setdefault("stack", [])
-        stack.append(lease)
-        granted_at = time.monotonic()
-        lease.on_lost(on_lost)
-        try:
-            try:
-                result = super().__call__(*args, **kwargs)
-            except LockLost:
-                if not lease.lost:
-                    raise  # the body's own LockLost (e.g. of a nested lock): not ours
-                result = None
+            skipped = self._zklock_acquire(run, client, side, path, options)
+            lease = run.lease  # from the moment acquire returned it, the finally releases it
+            if lease is None:
+                return skipped
+            run.granted_at = time.monotonic()
+            result = self._run_holding(lease, path, options, run, args, kwargs)
         finally:
-            try:
-                interruption.disarm()
-            finally:
-                lease.remove_on_lost(on_lost)
-                stack.pop()
-                lease.release()
-                held = time.monotonic() - granted_at
-                self._event("released", path, token=lease.token, held=held, lost=lease.lost)
-                signals.lock_released.send(
-                    sender=self, task_id=task_id, path=path, token=lease.token, held=held
-                )
+            self._release(run, path)
         if lease.lost:
             exc = LockLost(
-                f"task {self.name!r} [{task_id}]: lock {path} (token {lease.token}) was lost "
-                f"while the task ran: {lease.lost_reason}"
+                f"task {self.name!r} [{self.request.id}]: lock {path} (token {lease.token}) was "
+                f"lost while the task ran: {lease.lost_reason}"
             )
             if options.on_lost == "retry":
                 raise self.retry(exc=exc, countdown=options.retry_countdown)
             raise exc
         return result
+
+    def _run_holding(
+        self, lease: Lease, path: str, options: LockOptions, run: _Run, args: Any, kwargs: Any
+    ) -> Any:
+        """Announce the grant, arm this run's interruption and run the body (None if lost)."""
+        task_id = self.request.id
+        waited = (run.granted_at or run.started) - run.started
+        self._event("acquired", path, token=lease.token, mode=options.mode, waited=waited)
+        signals.lock_acquired.send(
+            sender=self, task_id=task_id, path=path, token=lease.token, mode=options.mode,
+            waited=waited,
+        )  # fmt: skip
+        interruption: Interruption | None = None
+
+        def on_lost(reason: str) -> None:
+            # Runs on the lease clock's thread or greenlet, where self.request is not this run's.
+            if interruption is not None:
+                interruption.fire(reason)
+            self._event("lost", path, task_id=task_id, token=lease.token, reason=reason)
+            signals.lock_lost.send(
+                sender=self, task_id=task_id, path=path, token=lease.token, reason=reason
+            )
+
+        stack: list[Lease] = self._zklock_local.__dict__.setdefault("stack", [])
+        try:
+            stack.append(lease)
+            interruption = arm()
+            lease.on_lost(on_lost)
+            lease.check()  # lost before the body started (even during the receivers above)
+            return super().__call__(*args, **kwargs)
+        except LockLost:
+            if not lease.lost:
+                raise  # the body's own LockLost (e.g. of a nested lock): not ours
+            return None
+        finally:
+            try:
+                if interruption is not None:
+                    interruption.disarm()
+            finally:
+                lease.remove_on_lost(on_lost)
+                if stack and stack[-1] is lease:
+                    stack.pop()
+
+    def _release(self, run: _Run, path: str) -> None:
+        lease = run.lease
+        if lease is None:
+            return
+        lease.release()
+        if run.granted_at is not None:  # announced: tell that it ended
+            held = time.monotonic() - run.granted_at
+            self._event("released", path, token=lease.token, held=held, lost=lease.lost)
+            signals.lock_released.send(
+                sender=self, task_id=self.request.id, path=path, token=lease.token, held=held
+            )
 
     def _zklock_client(self, options: LockOptions) -> KazooClient:
         config = client_config(
@@ -328,47 +334,75 @@ class ZkLockTask(Task):  # type: ignore[misc]
             return error
         return self.retry(exc=error, countdown=options.retry_countdown)  # type: ignore[no-any-return]
 
-    def _identity(self) -> bytes:
-        request = self.request
-        return json.dumps(
-            {
-                "task_id": request.id,
-                "task": self.name,
-                "retries": request.retries or 0,
-                "worker": request.hostname or socket.gethostname(),
-                "pid": os.getpid(),
-            },
-            separators=(",", ":"),
-        ).encode()
+    def _zklock_acquire(
+        self, run: _Run, client: KazooClient, side: Any, path: str, options: LockOptions
+    ) -> Any:
+        """Take the lock into ``run.lease`` under the busy policy; else return a skip result.
 
-    def _zklock_acquire(self, side: LockSide, path: str, options: LockOptions) -> Any:
-        identity = self._identity()
+        ZooKeeper unreachable or failing (during the try-lock, a wait or a look at the queue)
+        takes the unavailable path, never the timeout policy.
+        """
         try:
-            lease = side.acquire(blocking=False, data=identity)
-        except LockTimeout as exc:
-            raise self._retry_or(
-                ZooKeeperUnavailable(f"task {self.name!r}: ZooKeeper did not answer: {exc}"),
-                options,
-            ) from exc
-        if lease is not None:
-            return lease
-        holder = self._holder(side)
+            return self._acquire_by_policy(run, client, side, path, options)
+        except (ZooKeeperUnavailable, KazooException) as exc:
+            error = ZooKeeperUnavailable(
+                f"task {self.name!r}: ZooKeeper failed while acquiring lock {path}: {exc}"
+            )
+            raise self._retry_or(error, options) from exc
+
+    def _acquire_by_policy(
+        self, run: _Run, client: KazooClient, side: Any, path: str, options: LockOptions
+    ) -> Any:
+        identity = delivery.identity(self)
+        request = self.request
+        retries = request.retries or 0
+        # A message handed out again may be a copy of a run that already finished.
+        settled = not (request.delivery_info or {}).get("redelivered")
+        while True:
+            run.lease = side.acquire(blocking=False, data=identity)
+            if run.lease is None:
+                queue = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT)
+                own = delivery.first_of_task(queue, request.id)
+                if own is not None and own.retries >= retries:
+                    settled = delivery.await_original(self, client, side, path, own, self._event)
+                    continue
+                skipped = self._when_busy(run, side, path, options, queue, own is not None)
+                if run.lease is None:
+                    return skipped
+            elif side.kind == "read":  # granted beside other readers: is one of them ours?
+                ours = run.lease.node.rsplit("/", 1)[1]
+                ahead = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT, before=ours)
+                original = delivery.first_of_task(ahead, request.id)
+                if original is not None and original.retries >= retries:
+                    run.lease.release()  # never beside the original
+                    run.lease = None
+                    settled = delivery.await_original(
+                        self, client, side, path, original, self._event
+                    )
+                    continue
+            if not settled:
+                delivery.ignore_if_finished(self, path, self._event)
+            return None
+
+    def _when_busy(
+        self, run: _Run, side: Any, path: str, options: LockOptions, queue: Any, own: bool
+    ) -> Any:
+        """Apply the busy policy: the lock into ``run.lease`` (wait), a skip result, or raise."""
         request = self.request
         policy: str = options.on_busy
-        if holder.get("task_id") == request.id and request.id is not None:
-            if int(holder.get("retries", 0)) < (request.retries or 0):
-                policy = "wait"  # our own previous attempt is finishing its release
-                self._event("own-retry-waits", path, holder=request.id)
-            else:
-                return self._same_delivery_holds(side, path, identity)
-        holder_id = holder.get("task_id")
+        if own:
+            policy = "wait"  # our own previous attempt is finishing its release
+            self._event("own-retry-waits", path, holder=request.id)
+        holder = delivery.blocker(queue, side.kind)
+        holder_id = holder.task_id if holder is not None else None
         self._event("busy", path, policy=policy, holder=holder_id)
         signals.lock_busy.send(
             sender=self, task_id=request.id, path=path, policy=policy, holder=holder_id
         )
         if policy == "wait":
             try:
-                return side.acquire(timeout=options.timeout, data=identity)
+                run.lease = side.acquire(timeout=options.timeout, data=delivery.identity(self))
+                return None
             except LockTimeout:
                 return self._after_timeout(path, options, holder_id)
         if policy == "skip":
@@ -377,50 +411,6 @@ class ZkLockTask(Task):  # type: ignore[misc]
         if policy == "retry":
             raise self.retry(exc=busy, countdown=options.retry_countdown)
         raise busy
-
-    def _same_delivery_holds(self, side: LockSide, path: str, identity: bytes) -> Lease:
-        """The holder is this task id at this retry count: another delivery of this message.
-
-        Either it is still running (a Redis visibility-timeout redelivery): then its node stays
-        and this copy is ignored; or the process running it died (``kill -9``, a prefork child
-        lost, whose message Celery hands out again at once): then its node goes when the server
-        expires that session, within a session timeout. So wait that long (and a half) for the
-        lock. If it comes and the first delivery left no final state, this one runs the task.
-        """
-        request = self.request
-        grace = 1.5 * side.session_timeout + 1.0
-        self._event("same-delivery-waits", path, holder=request.id, grace=grace)
-        try:
-            lease = side.acquire(timeout=grace, data=identity)
-        except LockTimeout:
-            self._event("duplicate-ignored", path, holder=request.id)
-            raise Ignore(
-                f"task {request.id} is already running under lock {path}: duplicate "
-                "delivery ignored"
-            ) from None
-        if self._finished_already(request.id, settle=RESULT_SETTLE_SECONDS):
-            lease.release()
-            self._event("duplicate-ignored", path, holder=request.id, finished=True)
-            raise Ignore(f"task {request.id} already finished: duplicate delivery ignored")
-        return lease
-
-    def _finished_already(self, task_id: str, settle: float) -> bool:
-        """True if the result backend holds a final state for ``task_id`` within ``settle`` s.
-
-        A run releases its lock just before Celery stores its result: a copy that got the lock
-        from a finished original sees the result a moment later, one whose original died never.
-        """
-        deadline = time.monotonic() + settle
-        while True:
-            try:
-                if self.AsyncResult(task_id).state in states.READY_STATES:
-                    return True
-            except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
-                logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)
-                return False
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
 
     def _after_timeout(self, path: str, options: LockOptions, holder_id: Any) -> Any:
         self._event("timeout", path, policy=options.on_timeout, holder=holder_id)
@@ -436,17 +426,6 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     def _skip_result(self, path: str, holder_id: Any, reason: str) -> dict[str, Any]:
         return {SKIP_MARKER: True, "reason": reason, "lock": path, "holder": holder_id}
-
-    def _holder(self, side: LockSide) -> dict[str, Any]:
-        try:
-            data = side.blocker_data(timeout=5.0)
-        except Exception:
-            return {}
-        try:
-            parsed = json.loads(data) if data else {}
-        except ValueError:  # a Curator or kazoo contender: its data is not ours
-            return {}
-        return parsed if isinstance(parsed, dict) else {}
 
     def _event(self, event: str, path: str, **fields: Any) -> None:
         fields = {"task_id": self.request.id, **fields, "task": self.name, "path": path}

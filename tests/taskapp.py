@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_zklock import ZkLockTask, signals
 from celery_zklock.testing.witness import Witness
@@ -128,19 +129,51 @@ def retry_once(self: Any, key: str) -> dict[str, Any]:
     return {"token": self.lock.token, "retries": self.request.retries}
 
 
+def _held_until_released(
+    task: Any, key: str, seconds: float, outlive_soft_limit: bool = False
+) -> dict[str, Any]:
+    """Records each start of the body (task id, pid, token, session), then holds the lock for
+    ``seconds`` or until the file ``release-<key>`` exists (and, with ``outlive_soft_limit``,
+    past its soft time limit)."""
+    session_id, password = task._zklock_client(task._call_options()).client_id
+    _append(DIR / f"starts-{key}", {"task_id": task.request.id, "pid": os.getpid(),
+                                    "token": task.lock.token, "session_id": session_id,
+                                    "password": password.hex()})  # fmt: skip
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+        try:
+            time.sleep(0.02)
+        except SoftTimeLimitExceeded:
+            if not outlive_soft_limit:
+                raise
+    return {"token": task.lock.token}
+
+
 @app.task(
     bind=True, base=ZkLockTask, lock_name="late", lock_key=["key"], lock_on_busy="skip",
     acks_late=True, reject_on_worker_lost=True,
 )  # fmt: skip
 def acked_late(self: Any, key: str, seconds: float) -> dict[str, Any]:
-    """Records each start of its body, then holds the lock for ``seconds`` or until the file
-    ``release-<key>`` exists."""
-    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "pid": os.getpid(),
-                                    "token": self.lock.token})  # fmt: skip
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
-        time.sleep(0.02)
-    return {"token": self.lock.token}
+    """See :func:`_held_until_released`."""
+    return _held_until_released(self, key, seconds)
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="late", lock_key=["key"], lock_on_busy="skip",
+    acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def acked_late_stubborn(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """:func:`acked_late` whose body holds on past its soft time limit (until killed)."""
+    return _held_until_released(self, key, seconds, outlive_soft_limit=True)
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="late", lock_key=["key"], lock_mode="shared",
+    lock_on_busy="wait", acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def acked_late_shared(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """:func:`acked_late` on the shared (read) side of the same locks."""
+    return _held_until_released(self, key, seconds)
 
 
 @app.task(bind=True, base=ZkLockTask, lock_name="singleton", lock_key=[], lock_on_busy="skip")

@@ -47,7 +47,8 @@ def contenders(zk: KazooClient, root: str) -> list[str]:
 def client_of(task: Any) -> KazooClient:
     """The kazoo client the task's runs in this process take their locks with."""
     options, _ = task._zklock_setup()
-    return task._zklock_client(options)  # type: ignore[no-any-return]
+    client: KazooClient = task._zklock_client(options)
+    return client
 
 
 def test_nested_run_leaves_the_outer_interruption_armed(app: Celery, zk_hosts: str) -> None:
@@ -150,6 +151,7 @@ def test_nested_run_does_not_withdraw_the_outer_runs_pending_interruption(
         signals.lock_lost.disconnect(on_lost)
     assert len(outcome) == 1 and isinstance(outcome[0], LockLost)  # lost: never SUCCESS
     thread_id = runner.ident
+    assert thread_id is not None
     assert calls[0] == (thread_id, LockLost)  # the outer run's interruption
     assert calls_when_told == [1]  # set before the lock_lost receivers ran
     ended = calls.index((thread_id, nested_end))

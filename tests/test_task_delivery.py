@@ -1,0 +1,128 @@
+"""Duplicate delivery in real `celery worker`s: a copy of a message whose task already has a node
+in the lock's queue never runs the body beside or after a live original, and a copy whose
+original died runs (see celery_zklock/delivery.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from kazoo.client import KazooClient
+
+from celery_zklock.testing.plugin import StackFactory
+from tests.lockutil import wait_for
+from tests.taskapp import read_records
+from tests.workerproc import Worker, contenders, start_worker, workers
+
+TaskEnv = tuple[Celery, dict[str, str], Path]
+
+
+def deliveries(worker: Worker, task_id: str) -> tuple[int, int]:
+    """How many deliveries of ``task_id`` the worker received, and how many of them ended."""
+    log = worker.log_text()
+    received = len(re.findall(rf"\[{task_id}\] received", log))
+    ended = len(re.findall(rf"\[{task_id}\] (succeeded|ignored|raised|retry)", log))
+    return received, ended
+
+
+def all_deliveries_ended(worker: Worker, *task_ids: str) -> bool:
+    counts = [deliveries(worker, task_id) for task_id in task_ids]
+    return all(received == ended for received, ended in counts)
+
+
+def decided(worker: Worker, task_id: str, events: tuple[str, ...]) -> int:
+    """Lines where a delivery of ``task_id`` logged one of the zklock ``events``."""
+    lines = worker.log_text().splitlines()
+    return sum(
+        1
+        for line in lines
+        if f"task_id={task_id}" in line and any(f"event={e} " in line for e in events)
+    )
+
+
+def test_copy_of_an_exclusive_original_waiting_in_the_queue_is_ignored(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    """The original waits behind another holder (not at the head); its message comes back
+    (Redis visibility timeout) while it waits. Only the original may run the body."""
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    worker = start_worker(app, "threads", "dupx", env, tmp, queue="dupx", concurrency=10)
+    try:
+        blocker = acked_late.apply_async(("fx", 60.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-fx"), 30, "the blocker to hold the lock")
+        wait = {"on_busy": "wait", "timeout": 60}
+        original = acked_late.apply_async(("fx", 60.0), queue=worker.queue, zklock=wait)
+        # the original waits, and a copy of its message made its own decision
+        events = ("busy", "same-delivery-waits")
+        wait_for(lambda: decided(worker, original.id, events) >= 2, 30, "a copy to arrive")
+        (tmp / "release-fx").touch()
+        assert original.get(timeout=60)["token"] > 0
+        wait_for(lambda: all_deliveries_ended(worker, blocker.id, original.id), 60, "every copy")
+        log = worker.log_text()
+    finally:
+        worker.stop()
+    starts = [s["task_id"] for s in read_records(tmp / "starts-fx")]
+    assert starts == [blocker.id, original.id]  # each body once: no copy ran after its original
+    assert "event=duplicate-ignored" in log
+    wait_for(lambda: not contenders(zk_client, "late"), 10, "the lock nodes to go")
+
+
+def test_copy_of_a_shared_original_never_runs_beside_it(
+    taskenv: TaskEnv, zk_client: KazooClient
+) -> None:
+    """A shared (read) run's copy would be granted beside it: it must see its original."""
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late_shared
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    with workers(app, "threads", 1, env, tmp, prefix="dups") as (worker,):
+        original = acked_late_shared.apply_async(("sh", 60.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-sh"), 30, "the original to start")
+        wait_for(
+            lambda: (
+                decided(worker, original.id, ("same-delivery-waits",)) >= 1
+                or len(read_records(tmp / "starts-sh")) > 1
+            ),
+            30,
+            "a copy to arrive",
+        )
+        (tmp / "release-sh").touch()
+        assert original.get(timeout=60)["token"] > 0
+        wait_for(lambda: all_deliveries_ended(worker, original.id), 60, "every copy")
+    starts = [s["task_id"] for s in read_records(tmp / "starts-sh")]
+    assert starts == [original.id]
+    wait_for(lambda: not contenders(zk_client, "late"), 10, "the lock nodes to go")
+
+
+def test_copy_of_a_killed_child_runs_under_a_session_timeout_raised_by_the_server(
+    taskenv: TaskEnv, zk_stack_factory: StackFactory
+) -> None:
+    """The workers ask for 1 s sessions; the server's minimum (2 ticks of 4 s) makes them 8 s.
+    The dead child's node lives up to 8 s + a tick: the requeued copy must wait that long (the
+    negotiated timeout, not the requested one) and then run, not be ignored."""
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    server = zk_stack_factory.server(tick_time_ms=4000)
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_SESSION_TIMEOUT": "1"}
+    with workers(app, "prefork", 1, env, tmp, prefix="neg") as (worker,):
+        result = acked_late.apply_async(("ng", 60.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-ng"), 30, "the first run to start")
+        (first,) = read_records(tmp / "starts-ng")
+        os.kill(first["pid"], signal.SIGKILL)
+        (tmp / "release-ng").touch()  # the rerun need not hold for long
+        value: Any = result.get(timeout=60)
+        log = worker.log_text()
+    first_run, second_run = read_records(tmp / "starts-ng")
+    assert second_run["task_id"] == result.id and second_run["token"] > first_run["token"]
+    assert result.state == "SUCCESS" and value == {"token": second_run["token"]}
+    waits = re.findall(r"event=same-delivery-waits .*grace=([0-9.]+)", log)
+    assert waits and float(waits[0]) >= 1.5 * 8 + 1
+    assert "event=duplicate-ignored" not in log

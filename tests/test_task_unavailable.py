@@ -1,0 +1,101 @@
+"""ZooKeeper gone while a task waits for its lock: the task meets ZooKeeperUnavailable (a retry in
+a worker, the error itself when called directly), never its timeout policy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_zklock import ZkLockTask, ZooKeeperUnavailable, is_skipped, signals
+from celery_zklock.testing.plugin import StackFactory
+from tests.lockutil import wait_for
+from tests.workerproc import held_session, workers
+
+
+def test_zookeeper_stopped_during_a_wait_is_unavailable_not_a_timeout_skip(
+    zk_stack_factory: StackFactory, lock_root: str
+) -> None:
+    server = zk_stack_factory.server()
+    app = Celery("unavailable", set_as_current=False)
+    app.conf.zklock_hosts = server.hosts
+    app.conf.zklock_root = lock_root
+    app.conf.zklock_session_timeout = 4.0
+    inside, leave, waiting = threading.Event(), threading.Event(), threading.Event()
+    shared = {"lock_name": "one-lock", "lock_key": [], "lazy": False}
+
+    @app.task(bind=True, base=ZkLockTask, **shared)
+    def holder(self: Any) -> str:
+        inside.set()
+        while not leave.is_set():  # interruptible: its lease is lost once ZooKeeper is gone
+            leave.wait(0.01)
+        return "held"
+
+    @app.task(
+        bind=True, base=ZkLockTask, lock_on_busy="wait", lock_timeout=3.0,
+        lock_on_timeout="skip", **shared,
+    )  # fmt: skip
+    def waiter(self: Any) -> str:
+        return "ran"
+
+    def on_busy(sender: Any, **_: Any) -> None:
+        if sender is waiter:
+            waiting.set()
+
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, task: Any) -> None:
+        try:
+            outcomes[name] = task()
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    signals.lock_busy.connect(on_busy, weak=False)
+    threads = [threading.Thread(target=run, args=("holder", holder))]
+    try:
+        threads[0].start()
+        assert inside.wait(30)
+        threads.append(threading.Thread(target=run, args=("waiter", waiter)))
+        threads[1].start()
+        assert waiting.wait(30)  # the waiter waits for the holder's lock
+        server.stop()
+        threads[1].join(60)
+    finally:
+        signals.lock_busy.disconnect(on_busy)
+        leave.set()
+        for thread in threads:
+            thread.join(60)
+        options, _ = holder._zklock_setup()
+        holder._zklock_client(options).stop()
+    outcome = outcomes["waiter"]
+    assert not is_skipped(outcome), "a ZooKeeper outage was taken for a lock timeout"
+    assert isinstance(outcome, ZooKeeperUnavailable), outcome
+    assert "ZooKeeper" in str(outcome) and "one-lock" in str(outcome)
+
+
+def test_in_a_worker_an_outage_during_a_wait_retries_then_fails_unavailable(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import long_hold
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_CONNECT_TIMEOUT": "1"}
+    with workers(app, "threads", 1, env, tmp, prefix="outage") as (worker,):
+        holder = long_hold.apply_async(("zo", 60.0), queue=worker.queue)
+        held_session(tmp, holder.id)
+        policy = {"timeout": 3.0, "on_timeout": "skip", "retry_countdown": 0.2}
+        waiter = long_hold.apply_async(("zo", 0.1), queue=worker.queue, zklock=policy)
+        wait_for(lambda: f"event=busy task_id={waiter.id}" in worker.log_text(), 30, "the wait")
+        server.stop()
+        with pytest.raises(Exception) as failure:
+            waiter.get(timeout=120)
+        log = worker.log_text()
+    assert type(failure.value).__name__ == "ZooKeeperUnavailable"  # not a skip, no timeout
+    assert waiter.state == "FAILURE"
+    retries = [line for line in log.splitlines() if f"[{waiter.id}] retry" in line]
+    assert len(retries) == 3, retries  # Celery's max_retries (3), each with the reason
+    assert all("ZooKeeperUnavailable" in line for line in retries)
