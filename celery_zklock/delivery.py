@@ -28,6 +28,11 @@ readers, so it looks at the nodes ahead of its own; a run that found the lock bu
 every node. Two copies that arrive at the same moment, each finding the lock busy, may both take
 the other's brief try-lock node for an original that went: both then run, one after the other.
 
+A message the broker marks as redelivered that gets the lock with no original in the queue may
+come after its original finished (a copy restored just before the original's ack): it too
+waits up to :data:`RESULT_SETTLE_SECONDS` for a final state, holding the lock, and is ignored
+if one appears.
+
 Reading the queue costs one listing and one read per contender node; only a run that finds the
 lock busy, or a shared run, pays it.
 """
