@@ -28,6 +28,3 @@ class ReadWriteLock:
         self.write = Mutex(client, path, kind=WRITE)
         self.path = self.read.path
 
-
-#: Former name of a read/write side; kept until the task layer stops importing it.
-LockSide = Mutex
