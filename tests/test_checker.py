@@ -54,6 +54,11 @@ def killed(pid: int, at: float = 0.0) -> SectionEvent:
     return SectionEvent("killed", "", "", "exclusive", 0, hostname=HOST, pid=pid, time=at)
 
 
+def forced(kind: str, pid: int = 0, hostname: str = "") -> SectionEvent:
+    """A ``paused`` or ``expired`` event (defaults: the process of ``ev``'s events)."""
+    return SectionEvent(kind, "", "", "exclusive", 0, hostname=hostname, pid=pid)  # type: ignore[arg-type]
+
+
 def check(
     events: Sequence[SectionEvent],
     *,
@@ -179,6 +184,7 @@ def test_a_kill_closes_only_its_own_process_sections() -> None:
 def test_an_overlap_with_a_holder_that_lost_its_lease_is_revoked() -> None:
     events = [
         ev("enter", "a", token=1),
+        forced("paused"),  # a's process stopped past its session timeout
         ev("enter", "b", token=2),
         ev("write", "b", token=2, accepted=True),
         ev("write", "a", token=1, accepted=False, previous_token=2),  # the fence refuses a
@@ -201,6 +207,7 @@ def test_a_loss_noticed_only_at_release_makes_the_overlap_revoked() -> None:
     # a's body finished before its client saw the expiry; its task still ended LockLost.
     events = [
         ev("enter", "a", token=1),
+        forced("expired"),
         ev("enter", "b", token=2),
         ev("exit", "a", token=1, outcome="ok"),
         ev("exit", "b", token=2, outcome="ok"),
@@ -210,6 +217,39 @@ def test_a_loss_noticed_only_at_release_makes_the_overlap_revoked() -> None:
     # the same history whose task a failed for another reason is a violation
     other = TaskOutcome("a", "FAILURE", reason="ValueError: boom")
     assert check(events, outcomes={"a": other}).violations == 1
+
+
+def test_a_holder_that_learned_of_its_loss_only_after_its_successor_entered_is_a_violation() -> (
+    None
+):
+    # A silent partition: a's process ran on, its session expired on the server, b was granted,
+    # and a's body saw LockLost only later. No fault took a's lease away behind its back.
+    events = [
+        ev("enter", "a", token=1),
+        ev("enter", "b", token=2),
+        ev("exit", "a", token=1, outcome="lost"),
+        ev("exit", "b", token=2, outcome="ok"),
+    ]
+    lost = TaskOutcome("a", "FAILURE", reason="LockLost: lock lost")
+    report = check(events, outcomes={"a": lost})
+    assert (report.violations, report.revoked_overlaps) == (1, 0) and not report.ok
+    # A pause or an expiry recorded only after b entered does not excuse it either.
+    late = [*events[:2], forced("paused"), *events[2:]]
+    assert check(late, outcomes={"a": lost}).violations == 1
+    # Nor one of another process.
+    other = [events[0], forced("expired", pid=99), *events[1:]]
+    assert check(other, outcomes={"a": lost}).violations == 1
+
+
+def test_a_forced_loss_excuses_only_a_holder_that_ended_with_its_lock_lost() -> None:
+    events = [
+        ev("enter", "a", token=1),
+        forced("expired"),
+        ev("enter", "b", token=2),
+        ev("exit", "a", token=1, outcome="ok"),
+        ev("exit", "b", token=2, outcome="ok"),
+    ]
+    assert check(events).violations == 1  # a ended SUCCESS: it never knew
 
 
 def test_an_earlier_attempt_does_not_borrow_the_last_attempts_loss() -> None:
@@ -316,6 +356,7 @@ def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
     ]
     events = [
         ev("enter", "a", token=1, hostname=HOST, pid=41, time=9.0),
+        forced("paused", pid=41, hostname=HOST),
         ev("enter", "b", token=2, hostname=HOST, pid=42, time=15.0),  # a lost its session
         ev("exit", "a", token=1, outcome="lost", hostname=HOST, pid=41, time=16.0),
         killed(pid=42, at=20.0),
@@ -419,7 +460,18 @@ def test_records_reject_what_they_cannot_mean() -> None:
         FaultRecord.from_json('{"kind": "kill"}')
     with pytest.raises(ValueError, match="kind"):
         ev("start", "a")
-    assert set(FAULT_KINDS) == {"kill", "pause", "expire", "leader", "partition", "redis_restart"}
+    assert set(FAULT_KINDS) == {
+        "kill",
+        "pause",
+        "expire",
+        "leader",
+        "partition",
+        "redis_restart",
+        "blackhole",
+        "follower_partition",
+    }
+    with pytest.raises(ValueError, match="forced loss"):
+        SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)
     assert "outcome" not in ev("enter", "a").to_json()  # older readers still parse it
 
 
@@ -461,6 +513,7 @@ def test_run_section_records_a_lost_lease_and_its_successor_is_fenced(
         thread = threading.Thread(target=section_a)
         thread.start()
         wait_for(lambda: len(recorder.events()) >= 1, 10, "A's enter record")
+        recorder.record_forced_loss("expired", HOST, recorder.events()[0].pid, time.time())
         expire_session(zk_hosts, holder)
         with Mutex(zk_client, lock_root).acquire(timeout=15) as lease_b:
             result_b = run_section(_task(lease_b, redis_url, "b"), run_id, "k", 0, "exclusive")

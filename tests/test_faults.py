@@ -21,7 +21,10 @@ from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.processes import wait_until
+from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from workers.app import create_app
+from workers.chatter import start_chatter, stop_chatter
+from workers.checker import RunReport, check_run
 from workers.faults import (
     FaultEnvironment,
     FaultInjector,
@@ -32,8 +35,8 @@ from workers.faults import (
     session_password,
 )
 from workers.fleet import Fleet, FleetWorker, WorkerSpec, descendants, pid_alive
-from workers.netns import Namespace, unavailable_reason
-from workers.record import FAULT_KINDS, SectionEvent, SectionRecorder
+from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
+from workers.record import FAULT_KINDS, FaultRecord, SectionEvent, SectionRecorder
 from workers.settings import Settings
 from workers.tasks import TASK_FOR_MODE
 
@@ -43,6 +46,8 @@ HOLD_MS = 6000
 """Long enough for a fault to land inside the section, shorter than the visibility timeout."""
 
 NETNS_MISSING = unavailable_reason()
+BLACKHOLE_MISSING = blackhole_unavailable_reason()
+PARTITION_MISSING = partition_unavailable_reason()
 
 # ------------------------------------------------------------------------------ plans (pure)
 
@@ -59,9 +64,10 @@ def test_fault_specs_parse_and_reject_what_they_cannot_mean() -> None:
 
 def test_faults_run_in_rounds_so_every_kind_spreads_over_the_run() -> None:
     order = fault_order({kind: 3 for kind in FAULT_KINDS}, seed=1)
-    assert len(order) == 18
-    for start in (0, 6, 12):
-        assert sorted(order[start : start + 6]) == sorted(FAULT_KINDS)
+    kinds = len(FAULT_KINDS)
+    assert len(order) == 3 * kinds
+    for start in (0, kinds, 2 * kinds):
+        assert sorted(order[start : start + kinds]) == sorted(FAULT_KINDS)
     assert order == fault_order({kind: 3 for kind in FAULT_KINDS}, seed=1)
     assert fault_order({"kill": 2, "expire": 1}, seed=0).count("kill") == 2
 
@@ -261,8 +267,12 @@ def test_pause_past_the_session_timeout_ends_the_task_with_lock_lost(stack: Stac
     assert "expired its session" in record.detail
     assert pid_alive(enter.pid) and _process_state(enter.pid) != "T"  # resumed, not killed
     assert _failure(result) == "LockLost"
-    exits = [e for e in _events(stack, run_id) if e.kind == "exit"]
-    assert [e.outcome for e in exits] == ["lost"]
+    events = _events(stack, run_id)
+    assert [e.outcome for e in events if e.kind == "exit"] == ["lost"]
+    # The pause is on record, after the enter and before the exit: the checker excuses it.
+    kinds = [(e.kind, e.pid) for e in events]
+    assert kinds.index(("enter", enter.pid)) < kinds.index(("paused", enter.pid))
+    assert kinds.index(("paused", enter.pid)) < kinds.index(("exit", enter.pid))
 
 
 def test_expire_ends_the_holders_task_with_lock_lost(stack: Stack) -> None:
@@ -276,8 +286,9 @@ def test_expire_ends_the_holders_task_with_lock_lost(stack: Stack) -> None:
     assert "still there" not in record.detail
     assert _failure(result) == "LockLost"
     assert pid_alive(enter.pid)
-    exits = [e for e in _events(stack, run_id) if e.kind == "exit"]
-    assert [e.outcome for e in exits] == ["lost"]
+    events = _events(stack, run_id)
+    assert [e.outcome for e in events if e.kind == "exit"] == ["lost"]
+    assert [e.kind for e in events if e.pid == enter.pid][:2] == ["enter", "expired"]
 
 
 @pytest.mark.skipif(NETNS_MISSING is not None, reason=f"no network namespaces: {NETNS_MISSING}")
@@ -294,6 +305,186 @@ def test_partition_cuts_the_worker_off_zookeeper_then_heals(stack: Stack) -> Non
     # Healed: the same worker takes a lock again (a new session) and finishes a section.
     again = _send(stack, worker, run_id, hold_ms=50)
     assert again.get(timeout=30)["pid"] == worker.pid
+
+
+def _check_history(stack: Stack, run_id: str, record: FaultRecord) -> RunReport:
+    """The run's recorded sections (planted ones included) checked, with ``record``."""
+    return check_run(
+        submitted={}, outcomes={}, events=_events(stack, run_id), faults=[record], leftover_nodes=0
+    )
+
+
+@pytest.mark.skipif(BLACKHOLE_MISSING is not None, reason=f"no black hole: {BLACKHOLE_MISSING}")
+def test_blackhole_silences_a_threads_worker_whose_tasks_keep_sending(stack: Stack) -> None:
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("netns")
+
+    record = _inject(stack, run_id, "blackhole")
+
+    assert record.ran, record.detail
+    assert record.target.startswith(f"{worker.nodename} pid {worker.pid} (threads main process)")
+    detail = record.detail
+    assert "silent (every packet dropped both ways, sockets open)" in detail, detail
+    assert f"a request every {SESSION_TIMEOUT / 4:.2f} s on the holder's client" in detail
+    assert "the server expired the session after" in detail and detail.endswith("then healed")
+    assert "entered" in detail and "no waiter" not in detail, detail
+    assert stack.namespace is not None and not stack.namespace.blackholed_now
+    # The planted holder (in the silenced worker) and the waiter (elsewhere) are on record; the
+    # holder must have known its lock was gone before the waiter got it.
+    events = _events(stack, run_id)
+    holder = next(e for e in events if e.kind == "enter" and e.pid == worker.pid)
+    assert holder.key.startswith("fault-blackhole-")
+    assert [e.key for e in events if e.kind == "enter"] == [holder.key, holder.key]
+    report = _check_history(stack, run_id, record)
+    assert report.violations == 0, report.summary_lines()
+    # Healed: the same worker takes a lock again (a new session) and finishes a section.
+    again = _send(stack, worker, run_id, hold_ms=50)
+    assert again.get(timeout=30)["pid"] == worker.pid
+
+
+def test_chatter_runs_on_the_clients_of_in_process_pools_only(stack: Stack) -> None:
+    threads, prefork = stack.worker("threads"), stack.worker("prefork")
+    # The threads worker's client exists once it ran a locked task.
+    run_id = uuid.uuid4().hex[:10]
+    _send(stack, threads, run_id, hold_ms=10).get(timeout=30)
+    reply = start_chatter(stack.app, threads.nodename, interval=0.1, duration=30)
+    try:
+        assert reply["ok"] == "started" and reply["pool"] == "threads"
+        assert isinstance(reply["session"], int) and reply["session"] > 0
+    finally:
+        stop_chatter(stack.app, threads.nodename)
+    with pytest.raises(RuntimeError, match="runs its tasks in other processes"):
+        start_chatter(stack.app, prefork.nodename, interval=0.1, duration=30)
+
+
+@pytest.mark.skipif(BLACKHOLE_MISSING is not None, reason=f"no black hole: {BLACKHOLE_MISSING}")
+def test_a_blackholed_namespace_link_is_silent_both_ways_until_healed() -> None:
+    namespace = Namespace.create("bh")
+    try:
+        with socket.create_server((namespace.zookeeper_address, 0)) as server:
+            port = server.getsockname()[1]
+            # Inside the namespace: connect, report, then (on each line from us) send a byte and
+            # try to read one; last, try a new connection.
+            probe = f"""
+import socket, sys
+s = socket.create_connection(({namespace.zookeeper_address!r}, {port}), timeout=5)
+print("connected", flush=True)
+for line in sys.stdin:
+    if line.strip() == "new":
+        try:
+            socket.create_connection(({namespace.zookeeper_address!r}, {port}), timeout=1.5)
+            print("new ok", flush=True)
+        except TimeoutError:
+            print("new timed out", flush=True)
+        except OSError as exc:
+            print(f"new error {{exc.errno}}", flush=True)
+        continue
+    s.sendall(b"c")
+    s.settimeout(float(line))
+    try:
+        print("got", s.recv(1).decode(), flush=True)
+    except TimeoutError:
+        print("got nothing", flush=True)
+"""
+            child = subprocess.Popen(
+                namespace.argv([sys.executable, "-c", probe]),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            try:
+                assert child.stdout.readline().strip() == "connected"
+                peer, _ = server.accept()
+                peer.settimeout(5)
+
+                def ask(line: str) -> str:
+                    assert child.stdin is not None and child.stdout is not None
+                    child.stdin.write(line + "\n")
+                    child.stdin.flush()
+                    return child.stdout.readline().strip()
+
+                namespace.blackhole()
+                peer.sendall(b"s")
+                # The client's send raises nothing, and neither side hears the other.
+                assert ask("1.0") == "got nothing"
+                peer.settimeout(0.5)
+                with pytest.raises(TimeoutError):
+                    peer.recv(1)
+                # A new connection sees silence too: no refusal, no unreachable.
+                assert ask("new") == "new timed out"
+                namespace.heal()
+                assert not namespace.blackholed_now
+                # Healed: what was sent meanwhile arrives (the same sockets, retransmitted).
+                assert ask("10") == "got s"
+                peer.settimeout(10)
+                assert peer.recv(2) in (b"c", b"cc")
+                peer.close()
+            finally:
+                child.kill()
+                child.wait(timeout=10)
+    finally:
+        namespace.delete()
+    rules = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True).stdout
+    assert namespace.links[1][0] not in rules
+
+
+@pytest.mark.ensemble
+@pytest.mark.skipif(PARTITION_MISSING is not None, reason=f"no partitions: {PARTITION_MISSING}")
+def test_follower_partition_cuts_off_the_follower_its_holder_is_connected_to(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    run_id = uuid.uuid4().hex[:10]
+    with contextlib.ExitStack() as cleanup:
+        # A follower cut off from its leader serves its clients for 10 s, past the 3 s timeout.
+        ensemble = ZooKeeperEnsemble(3, isolatable=True, sync_limit_ticks=50)
+        broker, records_server = RedisServer(), RedisServer()
+        for server in (ensemble, broker, records_server):
+            cleanup.callback(server.stop)
+            server.start()
+        settings = Settings(
+            zk_hosts=ensemble.hosts,
+            broker_url=broker.url,
+            result_backend=records_server.url,
+            record_url=records_server.url,
+            session_timeout=SESSION_TIMEOUT,
+            visibility_timeout=VISIBILITY_TIMEOUT,
+        )
+        app = create_app(settings, main="test-faults-fp")
+        cleanup.callback(app.close)
+        # The fault brings its own workers: the fleet starts with none.
+        fleet = Fleet(app, settings, [], run_id, tmp_path_factory.mktemp("fleet-fp"))
+        cleanup.callback(fleet.stop)
+        records = redis.Redis.from_url(records_server.url)
+        cleanup.callback(records.close)
+        env = FaultEnvironment(
+            run_id=run_id,
+            records=records,
+            zk_hosts=ensemble.hosts,
+            session_timeout=SESSION_TIMEOUT,
+            fleet=fleet,
+            zookeeper=ensemble,
+        )
+        injector = FaultInjector(env, {}, target_timeout=20.0)
+        try:
+            record = injector.inject("follower_partition")
+        finally:
+            injector.close()
+        leader = ensemble.leader()
+        assert record.ran, record.detail
+        assert f"cut off from the other members (leader {leader})" in record.detail
+        assert "the leader expired the session after" in record.detail, record.detail
+        assert "entered" in record.detail and record.detail.endswith("then healed")
+        member = int(record.target.rsplit(" ", 1)[1])
+        assert member != leader and ensemble.isolated == frozenset()
+        assert len(fleet) == 0  # its two workers are gone again
+        events = SectionRecorder(records, run_id).events()
+        assert [e.kind for e in events if e.kind in ("enter", "exit")].count("enter") == 2
+        report = check_run(
+            submitted={}, outcomes={}, events=events, faults=[record], leftover_nodes=0
+        )
+        assert report.violations == 0, report.summary_lines()
+        ensemble.wait_serving(timeout=30)
+        assert {node.mode() for node in ensemble.nodes} == {"leader", "follower"}
 
 
 @pytest.mark.skipif(NETNS_MISSING is not None, reason=f"no network namespaces: {NETNS_MISSING}")
@@ -418,5 +609,7 @@ def test_faults_that_need_local_processes_are_recorded_as_not_run(
         assert not record.ran, kind
         assert record.detail, kind
     assert "external run" in outcomes["kill"].detail
+    assert "external run" in outcomes["blackhole"].detail
     assert "ensemble" in outcomes["leader"].detail
+    assert "ensemble" in outcomes["follower_partition"].detail
     assert not expire.ran and "was not inside a section" in expire.detail

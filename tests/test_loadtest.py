@@ -1,6 +1,7 @@
 """`celery-zklock loadtest`: its options, its workload, and whole runs on real processes: a quick
 one without faults, and a CI-sized one with every fault kind three times over a 3-node ensemble
-with prefork and threads workers."""
+with prefork and threads workers (blackhole and follower_partition included: the lease-safety
+faults of issue 10)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from typing import Any
 import pytest
 
 from celery_zklock import cli
+from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from workers import loadtest
-from workers.loadtest import LoadConfig, config_from_args, plan_workload, run_loadtest
-from workers.netns import unavailable_reason
+from workers.loadtest import (
+    LoadConfig,
+    _netns_places,
+    config_from_args,
+    plan_workload,
+    run_loadtest,
+)
+from workers.netns import blackhole_unavailable_reason, unavailable_reason
 from workers.record import FAULT_KINDS
 
 REPORT_LINE = re.compile(
@@ -68,6 +76,21 @@ def test_options_become_a_config() -> None:
             _parse(bad)
 
 
+def test_partition_faults_shape_the_stack() -> None:
+    # Black holes need a namespace worker whose tasks share one client: an in-process pool.
+    assert _netns_places(["prefork", "threads", "prefork", "threads"], 1, in_process=False) == [3]
+    assert _netns_places(["prefork", "threads", "prefork"], 1, in_process=False) == [2]
+    assert _netns_places(["prefork", "threads", "prefork"], 1, in_process=True) == [1]
+    assert _netns_places(["prefork", "prefork"], 1, in_process=True) == [1]
+    assert LoadConfig(faults={"blackhole": 1}).effective_netns_workers() == 1
+    assert LoadConfig(faults={"kill": 1}).effective_netns_workers() == 0
+    # A follower cut off from its leader must outlive the session timeout (200 ms ticks).
+    assert LoadConfig(session_timeout=4.0).effective_sync_limit() == 5
+    config = LoadConfig(session_timeout=4.0, faults={"follower_partition": 3})
+    assert config.effective_sync_limit() == 50  # (2 * 4 + 2) s / 0.2 s
+    assert LoadConfig(zk_sync_limit=7, faults={"follower_partition": 1}).effective_sync_limit() == 7
+
+
 def test_external_mode_needs_hosts_and_broker_and_defaults_the_rest() -> None:
     args = _parse(["--zk-hosts", "127.0.0.1:21811", "--broker", "redis://127.0.0.1:16379/0"])
     external = config_from_args(args).external
@@ -115,7 +138,7 @@ def test_a_small_run_without_faults(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.slow
 @pytest.mark.ensemble
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_every_fault_three_times_over_an_ensemble(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,11 +169,15 @@ def test_every_fault_three_times_over_an_ensemble(
     assert counts["leftover"] == 0, out
     assert status == 0, out
     faults = _report(tmp_path)["faults_by_kind"]
-    netns = unavailable_reason()
+    missing = {
+        "partition": unavailable_reason(),
+        "blackhole": blackhole_unavailable_reason(),
+        "follower_partition": partition_unavailable_reason(),
+    }
     for kind in FAULT_KINDS:
         injected, not_run = faults[kind]
-        if kind == "partition" and netns is not None:
-            assert not_run == 3 and "partition faults will not run" in out, out
+        if missing.get(kind) is not None:
+            assert not_run == 3 and f"{kind} faults will not run" in out, out
             continue
         assert (injected, not_run) == (3, 0), (kind, out)
     print(f"fault run: {took:.0f} s")  # its time is a figure, not a pass/fail target

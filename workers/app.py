@@ -22,7 +22,8 @@ keeps a message from being lost when a worker dies or the broker restarts:
 Also ``task_track_started`` (a running task is visible as STARTED), ``worker_direct`` (each
 worker also consumes a queue of its own, to send a task to one chosen worker), the
 ``zklock_*`` settings for :class:`celery_zklock.ZkLockTask`, and ``fleet_record_url`` for the
-section records.
+section records. Importing this module also registers the ``zklock_chatter`` remote control
+command (:mod:`workers.chatter`) in every worker of the fleet.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from celery import Celery
 
+import workers.chatter  # noqa: F401  (registers the zklock_chatter control command)
 from workers.settings import Settings, load_settings
 from workers.tasks import RECORD_URL_SETTING, register_tasks
 

@@ -9,20 +9,26 @@ a shared one entering while an exclusive one is inside, is an *overlap*: two hol
 at once. A ``killed`` event closes every open section of its process (hostname and pid).
 
 An overlap is a *revoked overlap*, not a violation, when every conflicting section already
-inside had its lease revoked: it ended with outcome ``"lost"`` (its body saw ``LockLost``), its
-process was killed, or it is its task's last section and the task ended ``LockLost`` (the release
-noticed the loss after the body returned, e.g. a process paused past its session timeout that
-resumed before its client saw the expiry). Such a holder may still be running, but ZooKeeper has
-handed the lock on, as it must once a session is gone: no lock can stop a paused process from
-resuming inside its section. That window is what the fencing token is for; the fence's side of it
-is checked by ``stale_writes_accepted``. Every other overlap is a *violation*: two holders whose
-leases were both valid, which is what a bug in the lock (or a lease lost without anyone noticing)
-looks like. So a run with revoked overlaps and no violation still shows that the lock never granted
-two valid holders at once, as far as the records tell: the sections' own records decide which holder
-counts as revoked, and a section that never exits and was not killed counts as valid. A killed
-section counts as revoked wherever its ``killed`` record lands, because a holder paused, replaced,
-then killed is recorded that way; the price is that a valid holder killed *after* an erroneous
-successor entered is not reported as a violation.
+inside had its lease taken away by a fault that no lease clock can see coming, and knew it: its
+process was killed; or a ``paused`` (SIGSTOP) or ``expired`` (session closed on the server) event
+for its process was recorded while it was inside, before the overlapping section entered, and it
+ended with outcome ``"lost"`` (its body saw ``LockLost``) or it is its task's last section and
+the task ended ``LockLost`` (the release noticed the loss after the body returned, e.g. a process
+paused past its session timeout that resumed before its client saw the expiry). Such a holder may
+still be running, but ZooKeeper has handed the lock on, as it must once a session is gone: no lock
+can stop a paused process from resuming inside its section. That window is what the fencing token
+is for; the fence's side of it is checked by ``stale_writes_accepted``.
+
+Every other overlap is a *violation*: two holders whose leases were both valid, or a holder that
+kept running inside its section after ZooKeeper had handed its lock on and learned it only later
+(a silent partition, a follower cut off from its leader: faults a holder's lease clock must see
+before the server expires the session). That is what a bug in the lock, or a lease lost without
+its holder noticing in time, looks like. So a run with revoked overlaps and no violation still
+shows that the lock never granted two valid holders at once, as far as the records tell: the
+sections' own records decide which holder counts as revoked, and a section that never exits and
+was not killed counts as valid. A killed section counts as revoked wherever its ``killed`` record
+lands, because a holder paused, replaced, then killed is recorded that way; the price is that a
+valid holder killed *after* an erroneous successor entered is not reported as a violation.
 
 **Stale writes.** An accepted fenced write is stale if its token is lower than the fence's last
 token at the time (``previous_token``, from the script itself), or lower than an accepted write of
@@ -44,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from celery_zklock import is_skipped
-from workers.record import FaultRecord, Mode, SectionEvent
+from workers.record import FORCED_LOSS_KINDS, FaultRecord, Mode, SectionEvent
 
 __all__ = [
     "FaultCount",
@@ -216,6 +222,8 @@ class _Section:
     end: str | None = None
     """``"exit"`` or ``"killed"``; None while open."""
     outcome: str | None = None
+    forced: bool = False
+    """A ``paused`` or ``expired`` event for its process was recorded while it was open."""
 
 
 @dataclass
@@ -226,7 +234,10 @@ class _Replay:
     last_section: dict[str, _Section] = field(default_factory=dict)
     attempts: Counter[str] = field(default_factory=Counter)
     first_enter: dict[str, float] = field(default_factory=dict)
-    raw_overlaps: list[tuple[int, _Section, tuple[_Section, ...]]] = field(default_factory=list)
+    raw_overlaps: list[tuple[int, _Section, tuple[tuple[_Section, bool], ...]]] = field(
+        default_factory=list
+    )
+    """``(position, entering section, ((conflicting section, forced by then), ...))``."""
     malformed: list[str] = field(default_factory=list)
     stale: list[SectionEvent] = field(default_factory=list)
     holds: list[float] = field(default_factory=list)
@@ -239,6 +250,8 @@ class _Replay:
     def feed(self, position: int, event: SectionEvent) -> None:
         if event.kind == "killed":
             self._killed(event)
+        elif event.kind in FORCED_LOSS_KINDS:
+            self._forced(event)
         elif event.kind == "enter":
             self._enter(position, event)
         elif event.kind == "exit":
@@ -256,6 +269,12 @@ class _Replay:
                     closed += 1
         self.kill_times.append((event.time, closed))
 
+    def _forced(self, event: SectionEvent) -> None:
+        for holders in self.inside.values():
+            for section in holders.values():
+                if (section.enter.hostname, section.enter.pid) == (event.hostname, event.pid):
+                    section.forced = True
+
     def _enter(self, position: int, event: SectionEvent) -> None:
         if event.holder in self.sections:
             self.malformed.append(f"#{position}: second enter of {event.holder}")
@@ -270,7 +289,7 @@ class _Replay:
         self.attempts[event.task_id] += 1
         self.first_enter.setdefault(event.task_id, event.time)
         if conflicting:
-            self.raw_overlaps.append((position, section, conflicting))
+            self.raw_overlaps.append((position, section, tuple((s, s.forced) for s in conflicting)))
 
     def _exit(self, position: int, event: SectionEvent) -> None:
         section = self.inside.get(event.key, {}).pop(event.holder, None)
@@ -318,8 +337,12 @@ def check_run(
     for position, event in enumerate(events):
         replay.feed(position, event)
 
-    def revoked(section: _Section) -> bool:
-        if section.end == "killed" or section.outcome == "lost":
+    def revoked(section: _Section, forced: bool) -> bool:
+        if section.end == "killed":
+            return True
+        if not forced:
+            return False
+        if section.outcome == "lost":
             return True
         task = outcomes.get(section.enter.task_id)
         return (
@@ -335,8 +358,8 @@ def check_run(
             position=position,
             entering=section.enter.holder,
             entering_mode=section.enter.mode,
-            inside=tuple(s.enter.holder for s in inside),
-            revoked=all(revoked(s) for s in inside),
+            inside=tuple(s.enter.holder for s, _ in inside),
+            revoked=all(revoked(s, forced) for s, forced in inside),
         )
         for position, section, inside in replay.raw_overlaps
     )
@@ -474,7 +497,8 @@ def _summary(report: RunReport) -> list[str]:
     )
     lines.append(
         f"mutual exclusion: {r.violations} violations; {r.revoked_overlaps} revoked overlaps "
-        "(the holder inside had lost its lease or was killed: the fence covers that window)"
+        "(the holder inside was killed, or paused or expired by a fault, and ended with its "
+        "lock lost: the fence covers that window)"
     )
     for overlap in [o for o in r.overlaps if not o.revoked][:10]:
         lines.append(

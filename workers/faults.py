@@ -21,10 +21,50 @@ has no ``exit`` yet is open, and its ``hostname``/``pid`` name the process insid
 - ``leader``: SIGKILL the ZooKeeper leader, wait for a new one, restart the killed node.
   Ensemble only.
 - ``partition``: cut the ZooKeeper link of a holder that runs in a network namespace
-  (:mod:`workers.netns`) until the server expired its session, then heal it.
+  (:mod:`workers.netns`: the link goes down) until the server expired its session, then heal
+  it. When no workload section opens in a namespace worker for :data:`NATURAL_HOLDER_WAIT`
+  seconds (the broker hands messages out unevenly), the injector plants one there.
 - ``redis_restart``: SIGKILL the broker Redis and restart it (it must be persistent:
   ``appendonly`` with ``appendfsync always`` loses no message). The Redis holding the records,
   fence and results is a separate server, outside this fault's reach.
+- ``blackhole``: a silent partition of a worker whose other tasks keep talking to ZooKeeper.
+  The injector plants a long exclusive section (see *Planted sections* below) in a worker
+  that runs in a network namespace with an in-process pool (threads, gevent, solo: its tasks
+  share one ZooKeeper client), makes that worker send a request every T/4 on the same client
+  (:mod:`workers.chatter`: what its other tasks do), queues a waiter on the same key in another
+  worker, then drops every packet of the worker's ZooKeeper link, both ways, sockets open
+  (:meth:`~workers.netns.Namespace.blackhole`). kazoo pings only after T/3 without sending, so
+  the requests keep it CONNECTED throughout; the server expires the session after T and hands
+  the lock to the waiter. Once the holder's node is gone and the waiter entered (or did not, in
+  time), the link is healed.
+- ``follower_partition``: a holder connected to a follower, and that follower cut off from the
+  other members (leader included) while its client port stays reachable
+  (:meth:`~celery_zklock.testing.ZooKeeperEnsemble.isolate`). The follower keeps answering its
+  clients' pings until its own ``syncLimit * tickTime`` runs out, the leader expires their
+  sessions after T and hands the lock to the waiter (queued first, in another worker, on another
+  member). The injector plants the section, finds the member its session is on (the four-letter
+  word ``cons`` of each member lists its sessions), plants again elsewhere if that is the leader,
+  isolates the follower, waits (watching from the leader) until the holder's node is gone and
+  the waiter entered, then heals. Needs an ensemble started with ``isolatable`` members and a
+  ``syncLimit * tickTime`` longer than T (else the follower drops its clients first, they move
+  to another member and keep their sessions: the fault then reports that).
+
+The detail of both says whether the holder's section was still open when the waiter entered: a
+holder that kept running inside its section after ZooKeeper handed its lock on, which the
+checker counts as a violation (see :mod:`workers.checker`).
+
+**Planted sections.** ``blackhole`` and ``follower_partition`` need a holder whose section lasts
+longer than the session timeout and a waiter queued behind it; the workload's sections are short
+(``partition`` plants a holder only as a fallback). The injector sends its own exclusive
+sections of the run's tasks (:mod:`workers.tasks`) to a chosen worker (its ``worker_direct``
+queue) on a key of their own (``fault-...``): a holder holding until told (a ``release_key``)
+and a short waiter. They are recorded like any section
+(and checked like any), but are not among the run's submitted tasks.
+
+``pause`` and ``expire`` take the holder's leases away where no lease clock can see it coming:
+they record a ``paused`` or ``expired`` event for the holder process
+(:meth:`~workers.record.SectionRecorder.record_forced_loss`), which the checker needs to count
+an overlap of that holder as revoked rather than as a violation.
 
 Process faults need the processes on this machine; in an external run (no local fleet or
 stack) they are recorded as not run. ``expire`` needs only ZooKeeper and runs anywhere.
@@ -35,21 +75,29 @@ thread, whose children those processes become (see :mod:`celery_zklock.testing.p
 from __future__ import annotations
 
 import logging
+import math
 import os
+import posixpath
 import random
+import re
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Final
 
+from celery.utils import worker_direct
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
-from workers.fleet import Fleet, FleetWorker, pid_alive
-from workers.netns import unavailable_reason
+from celery_zklock.testing.zookeeper import partition_unavailable_reason
+from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
+from workers.fleet import Fleet, FleetWorker, WorkerSpec, pid_alive
+from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
 from workers.record import (
     FAULT_KINDS,
     FaultLog,
@@ -58,6 +106,7 @@ from workers.record import (
     SectionRecorder,
     events_key,
 )
+from workers.tasks import EXCLUSIVE_TASK
 
 __all__ = [
     "FaultEnvironment",
@@ -67,14 +116,26 @@ __all__ = [
     "describe_plan",
     "expire_session",
     "fault_order",
+    "four_letter_word",
     "kill_process",
     "parse_faults",
     "quiet_kazoo_logger",
+    "session_member",
     "session_password",
 ]
 
 POLL: Final = 0.02
 ZK_CALL_TIMEOUT: Final = 5.0
+PLANT_KEY_PREFIX: Final = "fault-"
+NATURAL_HOLDER_WAIT: Final = 10.0
+"""Seconds ``partition`` waits for a workload section in a namespace worker before it plants one."""
+WAITER_HOLD_MS: Final = 200
+WAITER_ENTRY_TIMEOUT: Final = 5.0
+"""Seconds to wait, once the holder's node is gone, for the waiter to enter before healing."""
+QUEUE_TIMEOUT: Final = 15.0
+"""Seconds a planted section may take to enter, or a waiter to queue, in one worker."""
+CHATTER_PER_SESSION: Final = 4
+"""Requests per session timeout the chatter sends (kazoo pings after T/3 without a send)."""
 
 # ------------------------------------------------------------------------------------ plans
 
@@ -166,6 +227,34 @@ def expire_session(hosts: str, session_id: int, timeout: float = 15.0) -> None:
         twin.close()
 
 
+_SESSION_ID_RE: Final = re.compile(r"\bsid=0x([0-9a-fA-F]+)")
+
+
+def four_letter_word(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> str:
+    """ZooKeeper's answer to the four-letter word ``word`` on ``host:port``; "" if none."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(word.encode("ascii"))
+            chunks: list[bytes] = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    except OSError:
+        return ""
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def session_member(ensemble: ZooKeeperEnsemble, session_id: int) -> int | None:
+    """The myid of the running member whose client connections include session
+    ``session_id`` (from each member's ``cons``), or None if none lists it."""
+    for node in ensemble.nodes:
+        if not node.is_running():
+            continue
+        listed = {int(m, 16) for m in _SESSION_ID_RE.findall(four_letter_word(node.port, "cons"))}
+        if session_id in listed:
+            return node.myid
+    return None
+
+
 def quiet_kazoo_logger() -> logging.Logger:
     """A logger for our own kazoo clients: their connection drops during a fault are expected,
     and without a handler Python would print each warning to stderr."""
@@ -216,21 +305,32 @@ class OpenSections:
         self._key = events_key(run_id)
         self._cursor = 0
         self._open: dict[str, SectionEvent] = {}
+        self.positions: dict[tuple[str, str], int] = {}
+        """``(holder, kind)`` -> position in the event list, for ``enter`` and ``exit`` events
+        read so far (``holder`` is ``task_id#token``)."""
+        self.entered: dict[str, SectionEvent] = {}
+        """Task id -> its latest ``enter`` event read so far."""
+        self.exited: dict[str, SectionEvent] = {}
+        """Holder (``task_id#token``) -> its ``exit`` event, for those read so far."""
 
     def refresh(self) -> list[SectionEvent]:
         """The open sections' ``enter`` events, oldest first."""
         raw = self._redis.lrange(self._key, self._cursor, -1)
-        self._cursor += len(raw)
-        for item in raw:
+        for offset, item in enumerate(raw):
             event = SectionEvent.from_json(item)
+            if event.kind in ("enter", "exit"):
+                self.positions[(event.holder, event.kind)] = self._cursor + offset
             if event.kind == "enter":
                 self._open[event.holder] = event
+                self.entered[event.task_id] = event
             elif event.kind == "exit":
                 self._open.pop(event.holder, None)
+                self.exited[event.holder] = event
             elif event.kind == "killed":
                 for holder, entered in list(self._open.items()):
                     if (entered.hostname, entered.pid) == (event.hostname, event.pid):
                         del self._open[holder]
+        self._cursor += len(raw)
         return list(self._open.values())
 
 
@@ -267,8 +367,21 @@ class _Target:
         )
 
 
+@dataclass(frozen=True)
+class _Waiter:
+    """A planted section queued behind a planted holder: its task id, worker and lock node."""
+
+    task_id: str
+    worker: FleetWorker
+    node: str
+
+
 class _NotRun(Exception):
     """The fault could not be injected; the message says why."""
+
+
+class _NoHolder(_NotRun):
+    """No process was inside a section (of the kind wanted) in time."""
 
 
 class FaultInjector:
@@ -346,9 +459,11 @@ class FaultInjector:
                 self._recorder.record_kill(hostname, pid, now)
 
     def inject(self, kind: str) -> FaultRecord:
-        """Inject one fault of ``kind`` now (waiting for a target if it needs one)."""
+        """Inject one fault of ``kind`` now (waiting for a target if it needs one), once every
+        fleet worker runs (one may have died since the last fault: see :meth:`revive`)."""
         method: Callable[[], FaultRecord] = getattr(self, f"_{kind}")
         try:
+            self.revive()
             return method()
         except _NotRun as exc:
             return FaultRecord(kind, time.time(), "", False, str(exc))
@@ -393,10 +508,10 @@ class FaultInjector:
             self._zk = client
         return self._zk
 
-    def _session_of(self, node: str) -> int | None:
+    def _session_of(self, node: str, client: KazooClient | None = None) -> int | None:
         """The session owning ephemeral ``node``, or None if the node is gone (or unknown)."""
         try:
-            stat = self._client().exists_async(node).get(timeout=ZK_CALL_TIMEOUT)
+            stat = (client or self._client()).exists_async(node).get(timeout=ZK_CALL_TIMEOUT)
         except Exception:
             return None
         return int(stat.ephemeralOwner) if stat is not None and stat.ephemeralOwner else None
@@ -418,13 +533,17 @@ class FaultInjector:
         return 3 * self.env.session_timeout + 10.0
 
     # -- targets ------------------------------------------------------------------------
-    def _holder(self, *, netns_only: bool = False, local: bool = True) -> _Target:
+    def _holder(
+        self, *, netns_only: bool = False, local: bool = True, timeout: float | None = None
+    ) -> _Target:
         """Wait for a process inside a section (alive, ours; in a namespace if ``netns_only``)
-        whose lock node still exists; raise _NotRun after ``target_timeout`` seconds."""
+        whose lock node still exists; raise _NoHolder after ``timeout`` seconds (default
+        ``target_timeout``)."""
         fleet = self.env.fleet
         if local and fleet is None:
             raise _NotRun("external run: the worker processes are not on this machine")
-        deadline = time.monotonic() + self.target_timeout
+        timeout = self.target_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while not self._stop.is_set():
             candidates = []
             for event in self._sections.refresh():
@@ -441,7 +560,7 @@ class FaultInjector:
                     return _Target(event, worker, session)
             if time.monotonic() >= deadline:
                 what = "a worker in a network namespace" if netns_only else "a worker"
-                raise _NotRun(f"{what} was not inside a section within {self.target_timeout:g} s")
+                raise _NoHolder(f"{what} was not inside a section within {timeout:g} s")
             time.sleep(POLL)
         raise _NotRun("the run ended before a target was found")
 
@@ -496,6 +615,7 @@ class FaultInjector:
             if self._still_holding(target):
                 break
             _resume(pid)  # it released the lock before the stop landed: aim again
+        self._recorder.record_forced_loss("paused", target.event.hostname, pid, time.time())
         with self._undo_on_exit(lambda: _resume(pid)):
             expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
         paused = time.monotonic() - started
@@ -511,6 +631,9 @@ class FaultInjector:
     def _expire(self) -> FaultRecord:
         target = self._holder(local=False)
         expired_at = time.time()
+        self._recorder.record_forced_loss(
+            "expired", target.event.hostname, target.event.pid, expired_at
+        )
         expire_session(self.env.zk_hosts, target.session_id)
         gone = self._wait_node_gone(target.event.node, 10.0)
         detail = "session closed on the server; its lock node went after " + (
@@ -543,22 +666,36 @@ class FaultInjector:
         return FaultRecord("leader", killed_at, f"ZooKeeper node {myid} (pid {pid})", True, detail)
 
     def _partition(self) -> FaultRecord:
-        fleet = self.env.fleet
-        if fleet is None:
-            raise _NotRun("external run: the worker processes are not on this machine")
-        if not any(w.netns is not None for w in fleet):
+        fleet = self._local_fleet()
+        in_netns = [w for w in fleet if w.netns is not None]
+        if not in_netns:
             reason = unavailable_reason() or "the run was started without such a worker"
             raise _NotRun(f"no worker runs in a network namespace: {reason}")
         while True:
-            target = self._holder(netns_only=True)
+            try:
+                target = self._holder(netns_only=True, timeout=NATURAL_HOLDER_WAIT)
+            except _NoHolder:
+                break  # the workload left the namespace workers idle: plant a section
             namespace = target.worker.netns if target.worker is not None else None
             assert namespace is not None
             cut_at = time.time()
-            started = time.monotonic()
             namespace.cut()
             if self._still_holding(target):
-                break
+                return self._partitioned(target, namespace, cut_at)
             namespace.heal()  # it released the lock before the cut: aim again
+        running = [w for w in in_netns if w.is_running()] or in_netns
+        worker = self._rng.choice(running)
+        assert worker.netns is not None
+        with self._planted_holder(worker, "partition") as target:
+            cut_at = time.time()
+            worker.netns.cut()
+            return self._partitioned(target, worker.netns, cut_at, planted=True)
+
+    def _partitioned(
+        self, target: _Target, namespace: Namespace, cut_at: float, planted: bool = False
+    ) -> FaultRecord:
+        """Once the link is cut: wait until the server expired the holder's session, heal."""
+        started = time.monotonic()
         with self._undo_on_exit(namespace.heal):
             expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
         cut_for = time.monotonic() - started
@@ -567,6 +704,8 @@ class FaultInjector:
             if expired_after is not None
             else ", healed before the session expired"
         )
+        if planted:
+            detail += f" (a section planted after {NATURAL_HOLDER_WAIT:g} s without one there)"
         return FaultRecord("partition", cut_at, target.describe(), True, detail)
 
     def _redis_restart(self) -> FaultRecord:
@@ -580,10 +719,326 @@ class FaultInjector:
         detail = f"SIGKILL and restart of the broker Redis; down {down:.2f} s"
         return FaultRecord("redis_restart", killed_at, f"broker Redis on port {port}", True, detail)
 
+    # -- planted sections ---------------------------------------------------------------
+    def _local_fleet(self) -> Fleet:
+        if self.env.fleet is None:
+            raise _NotRun("external run: the worker processes are not on this machine")
+        return self.env.fleet
+
+    def _send_section(
+        self, worker: FleetWorker, key: str, hold_ms: int, wait: float, release_key: str = ""
+    ) -> str:
+        """Send an exclusive section of the run to ``worker``; return its task id."""
+        result = (
+            self._local_fleet()
+            .app.tasks[EXCLUSIVE_TASK]
+            .apply_async(
+                (self.env.run_id, key, hold_ms),
+                {"release_key": release_key} if release_key else {},
+                queue=worker_direct(worker.nodename),
+                zklock={"on_busy": "wait", "timeout": wait},
+            )
+        )
+        return str(result.id)
+
+    def _wait_entered(self, task_id: str, timeout: float) -> SectionEvent | None:
+        """The ``enter`` event of task ``task_id`` once recorded, or None after ``timeout``."""
+        found: list[SectionEvent] = []
+
+        def entered() -> bool:
+            self._sections.refresh()
+            event = self._sections.entered.get(task_id)
+            if event is not None:
+                found.append(event)
+            return bool(found) or self._stop.is_set()
+
+        _wait_for(entered, timeout)
+        return found[0] if found else None
+
+    @contextmanager
+    def _planted_holder(self, worker: FleetWorker, kind: str) -> Iterator[_Target]:
+        """Plant a long exclusive section on a key of its own in ``worker``; yield it once it
+        holds the lock. When the block ends, the section is told to end (it may be over by
+        then: it lost its lock)."""
+        if not worker.is_running():
+            self.revive()  # it died meanwhile (a broker restart can take a worker down)
+        key = f"{PLANT_KEY_PREFIX}{kind.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+        release_key = f"{events_key(self.env.run_id)}:release:{key}"
+        hold_ms = math.ceil(2 * self._expiry_deadline() * 1000)
+        task_id = self._send_section(worker, key, hold_ms, QUEUE_TIMEOUT, release_key)
+        try:
+            event = self._wait_entered(task_id, QUEUE_TIMEOUT)
+            if event is None:
+                raise _NotRun(
+                    f"the section planted in worker {worker.label} did not enter within "
+                    f"{QUEUE_TIMEOUT:g} s"
+                )
+            session = self._session_of(event.node)
+            if session is None:
+                raise _NotRun(f"the planted section's lock node {event.node} is gone already")
+            yield _Target(event, worker, session)
+        finally:
+            self.env.records.set(release_key, "1", ex=3600)
+
+    def _queue_waiter(
+        self,
+        holder: _Target,
+        *,
+        client: KazooClient | None = None,
+        workers: Sequence[FleetWorker] = (),
+    ) -> tuple[_Waiter | None, list[str]]:
+        """Queue a short exclusive section on the holder's key in another worker (one of
+        ``workers`` if given); return it once its contender node is in the queue (None if no
+        worker got it there in time), and why other tries did not count."""
+        fleet = self._local_fleet()
+        parent = posixpath.dirname(holder.event.node)
+        known = {posixpath.basename(holder.event.node)}
+        candidates = list(workers) or [
+            w for w in fleet if w is not holder.worker and w.is_running() and not w.spec.queues
+        ]
+        self._rng.shuffle(candidates)
+        wait = self._expiry_deadline() + 2 * QUEUE_TIMEOUT
+        misses: list[str] = []
+        for worker in candidates[:3]:
+            task_id = self._send_section(worker, holder.event.key, WAITER_HOLD_MS, wait)
+            node = self._wait_new_child(parent, known, QUEUE_TIMEOUT, client)
+            if node is None:
+                misses.append(f"{worker.label} did not queue it within {QUEUE_TIMEOUT:g} s")
+                continue
+            return _Waiter(task_id, worker, node), misses
+        return None, misses
+
+    def _wait_new_child(
+        self, parent: str, known: set[str], timeout: float, client: KazooClient | None
+    ) -> str | None:
+        """The path of a child of ``parent`` not in ``known``, once there is one."""
+        found: list[str] = []
+
+        def appeared() -> bool:
+            try:
+                children = (client or self._client()).get_children_async(parent)
+                fresh = sorted(set(children.get(timeout=ZK_CALL_TIMEOUT)) - known)
+            except Exception:
+                return self._stop.is_set()
+            found.extend(f"{parent}/{child}" for child in fresh[:1])
+            return bool(found) or self._stop.is_set()
+
+        _wait_for(appeared, timeout, 0.05)
+        return found[0] if found else None
+
+    def _waiter_outcome(
+        self, holder: _Target, waiter: _Waiter | None, gone_after: float | None, misses: list[str]
+    ) -> str:
+        """Once the holder's node is gone: wait for the waiter to enter, and tell whether the
+        holder was still inside its section then (the hazard) or had left it."""
+        if waiter is None:
+            return "no waiter could be queued (" + "; ".join(misses) + ")"
+        if gone_after is None:
+            return f"the waiter in {waiter.worker.label} stayed queued"
+        gone_at = time.monotonic()
+        entered = self._wait_entered(waiter.task_id, WAITER_ENTRY_TIMEOUT)
+        if entered is None:
+            return (
+                f"the waiter in {waiter.worker.label} did not enter within "
+                f"{WAITER_ENTRY_TIMEOUT:g} s of the node's removal"
+            )
+        after = time.monotonic() - gone_at
+        self._sections.refresh()
+        positions = self._sections.positions
+        enter_at = positions.get((entered.holder, "enter"), -1)
+        exit_at = positions.get((holder.event.holder, "exit"))
+        exited = self._sections.exited.get(holder.event.holder)
+        if exit_at is None or exit_at > enter_at:
+            return (
+                f"the waiter in {waiter.worker.label} entered (within {after * 1000:.0f} ms) "
+                "while the holder was still inside its section: the holder had not learned "
+                "that its lock was gone"
+            )
+        outcome = exited.outcome if exited is not None else None
+        return (
+            f"the holder had left its section (outcome {outcome}) before the waiter in "
+            f"{waiter.worker.label} entered"
+        )
+
+    # -- silent partitions ------------------------------------------------------------------
+    def _blackhole(self) -> FaultRecord:
+        fleet = self._local_fleet()
+        in_netns = [w for w in fleet if w.netns is not None]
+        if not in_netns:
+            why = unavailable_reason() or "the run was started without such a worker"
+            raise _NotRun(f"no worker runs in a network namespace: {why}")
+        candidates = [w for w in in_netns if w.spec.pool in IN_PROCESS_POOLS and w.is_running()]
+        if not candidates:
+            raise _NotRun(
+                "no running worker in a network namespace has an in-process pool "
+                f"({', '.join(sorted(IN_PROCESS_POOLS))}): its tasks would not share a client"
+            )
+        reason = blackhole_unavailable_reason()
+        if reason is not None:
+            raise _NotRun(reason)
+        worker = self._rng.choice(candidates)
+        namespace = worker.netns
+        assert namespace is not None
+        interval = self.env.session_timeout / CHATTER_PER_SESSION
+        with self._planted_holder(worker, "blackhole") as target:
+            reply = start_chatter(
+                fleet.app, worker.nodename, interval, self._expiry_deadline() + 2 * QUEUE_TIMEOUT
+            )
+            with self._undo_on_exit(lambda: stop_chatter(fleet.app, worker.nodename)):
+                if reply.get("session") != target.session_id:
+                    raise _NotRun(
+                        f"the worker's chatter runs on session {reply.get('session')}, the "
+                        f"holder's is {target.session_id}: not the same ZooKeeper client"
+                    )
+                waiter, misses = self._queue_waiter(target)
+                cut_at = time.time()
+                started = time.monotonic()
+                namespace.blackhole()
+                with self._undo_on_exit(namespace.heal):
+                    gone = self._wait_node_gone(target.event.node, self._expiry_deadline())
+                    waited = self._waiter_outcome(target, waiter, gone, misses)
+                silent = time.monotonic() - started
+        detail = (
+            f"ZooKeeper link of netns {namespace.name} silent (every packet dropped both ways, "
+            f"sockets open) for {silent:.1f} s while the worker sent a request every "
+            f"{interval:.2f} s on the holder's client; "
+            + (
+                f"the server expired the session after {gone:.1f} s"
+                if gone is not None
+                else "the session did not expire meanwhile"
+            )
+            + f"; {waited}; then healed"
+        )
+        return FaultRecord("blackhole", cut_at, target.describe(), True, detail)
+
+    def _follower_partition(self) -> FaultRecord:
+        ensemble = self.env.zookeeper
+        if not isinstance(ensemble, ZooKeeperEnsemble):
+            raise _NotRun(
+                "needs a local ZooKeeper ensemble ("
+                + ("external run" if ensemble is None else "this run has a standalone server")
+                + ")"
+            )
+        if not ensemble.isolatable:
+            reason = partition_unavailable_reason() or "it was started without isolatable members"
+            raise _NotRun(f"no member of the ensemble can be cut off: {reason}")
+        fleet = self._local_fleet()
+        leader = ensemble.leader(timeout=30)
+        followers = [
+            node.myid
+            for node in ensemble.nodes
+            if node.myid != leader and node.myid in ensemble.isolatable and node.mode()
+        ]
+        if not followers:
+            raise _NotRun(f"no isolatable follower serves (leader {leader})")
+        member = self._rng.choice(followers)
+        # The holder's worker connects to that follower only, the waiter's to the leader only:
+        # which member a fleet worker's client picked is chance (and a prefork worker's
+        # children share the pick), so the fault brings its own two workers.
+        tag = uuid.uuid4().hex[:4]
+        specs = [
+            WorkerSpec(
+                f"fp{tag}{role}",
+                "threads",
+                1,
+                zk_hosts=f"127.0.0.1:{ensemble.node(myid).port}",
+                queues=(f"zklock-fault-{tag}",),
+            )
+            for role, myid in (("h", member), ("w", leader))
+        ]
+        pinned = fleet.add(specs)
+        try:
+            holder_worker, waiter_worker = pinned
+            with self._planted_holder(holder_worker, "follower_partition") as target:
+                return self._isolate_follower(ensemble, target, member, leader, waiter_worker)
+        finally:
+            fleet.remove(pinned)
+
+    def _isolate_follower(
+        self,
+        ensemble: ZooKeeperEnsemble,
+        target: _Target,
+        member: int,
+        leader: int,
+        waiter_worker: FleetWorker,
+    ) -> FaultRecord:
+        on = session_member(ensemble, target.session_id)
+        if on != member:
+            raise _NotRun(f"the holder's session is on member {on}, not on follower {member}")
+        # Watch the holder's node from the leader: the isolated follower's view is frozen.
+        observer = KazooClient(
+            hosts=f"127.0.0.1:{ensemble.node(leader).port}", logger=quiet_kazoo_logger()
+        )
+        observer.start(timeout=15)
+        try:
+            waiter, misses = self._queue_waiter(target, client=observer, workers=[waiter_worker])
+            cut_at = time.time()
+            started = time.monotonic()
+            ensemble.isolate(member)
+            with self._undo_on_exit(lambda: _heal_member(ensemble, member)):
+                gone, moved = self._wait_expired_or_moved(observer, ensemble, target, member)
+                waited = self._waiter_outcome(target, waiter, gone, misses)
+            isolated = time.monotonic() - started
+        finally:
+            observer.stop()
+            observer.close()
+        if gone is not None:
+            outcome = f"the leader expired the session after {gone:.1f} s"
+        elif moved is not None:
+            outcome = (
+                f"the follower dropped its clients first and the holder's session moved to "
+                f"member {moved} before it expired (syncLimit x tickTime shorter than the "
+                "session timeout)"
+            )
+        else:
+            outcome = "the session did not expire meanwhile"
+        detail = (
+            f"follower {member} cut off from the other members (leader {leader}) for "
+            f"{isolated:.1f} s, its client port reachable; {outcome}; {waited}; then healed"
+        )
+        return FaultRecord(
+            "follower_partition",
+            cut_at,
+            f"{target.describe()} on ZooKeeper member {member}",
+            True,
+            detail,
+        )
+
+    def _wait_expired_or_moved(
+        self, observer: KazooClient, ensemble: ZooKeeperEnsemble, target: _Target, member: int
+    ) -> tuple[float | None, int | None]:
+        """Seconds until the holder's node was gone as the leader sees it; or the member its
+        session moved to meanwhile; (None, None) at the deadline."""
+        started = time.monotonic()
+        deadline = started + self._expiry_deadline()
+        next_look = started + 0.5
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                stat = observer.exists_async(target.event.node).get(timeout=ZK_CALL_TIMEOUT)
+            except Exception:
+                stat = True
+            if stat is None:
+                return time.monotonic() - started, None
+            if now >= next_look:
+                where = session_member(ensemble, target.session_id)
+                if where is not None and where != member:
+                    return None, where
+                next_look = now + 0.5
+            if now >= deadline:
+                break
+            time.sleep(0.05)
+        return None, None
+
 
 def _resume(pid: int) -> None:
     with suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
+
+
+def _heal_member(ensemble: ZooKeeperEnsemble, myid: int) -> None:
+    ensemble.heal(myid)
+    ensemble.wait_serving(timeout=30)
 
 
 def _restart_node(ensemble: ZooKeeperEnsemble, myid: int) -> None:

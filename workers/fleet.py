@@ -9,8 +9,10 @@ Redis and ZooKeeper addresses rewritten to the host's ends of the namespace's li
 :class:`Fleet` starts the workers, waits until each answers a ``celery inspect ping``
 (:meth:`Fleet.wait_ready`), tells which worker a process id belongs to (the worker itself or
 one of its pool processes, :meth:`Fleet.find`), restarts a worker that died
-(:meth:`Fleet.restart`, :meth:`Fleet.revive`), and stops them all (:meth:`Fleet.stop`: SIGTERM
-for a warm shutdown, SIGKILL of each worker's whole process group after a grace period).
+(:meth:`Fleet.restart`, :meth:`Fleet.revive`), adds and removes workers during a run
+(:meth:`Fleet.add`, :meth:`Fleet.remove`: a fault's own workers, e.g. one pinned to a chosen
+ZooKeeper member), and stops them all (:meth:`Fleet.stop`: SIGTERM for a warm shutdown, SIGKILL
+of each worker's whole process group after a grace period).
 Workers are children of the thread that starts them and die with it (see
 :mod:`celery_zklock.testing.processes`): start and restart them from the main thread.
 """
@@ -45,12 +47,19 @@ PING_TIMEOUT: Final = 0.5
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker of a fleet: its pool, concurrency, and optionally a namespace to run in."""
+    """One worker of a fleet: its pool, concurrency, and optionally a namespace to run in.
+
+    ``zk_hosts`` replaces the fleet's ZooKeeper connection string for this worker (e.g. one
+    member only). ``queues``, if given, are the only queues it consumes besides its own
+    ``worker_direct`` queue (``-Q``): a worker that must not take the run's workload.
+    """
 
     label: str
     pool: str
     concurrency: int
     netns: Namespace | None = None
+    zk_hosts: str | None = None
+    queues: tuple[str, ...] = ()
 
 
 def pid_alive(pid: int) -> bool:
@@ -102,6 +111,8 @@ class FleetWorker:
         self.node_prefix = f"{spec.label}-{run_id}@"
         self.nodename = f"{self.node_prefix}{socket.gethostname()}"
         settings = replace(settings, pool=spec.pool, concurrency=spec.concurrency)
+        if spec.zk_hosts is not None:
+            settings = replace(settings, zk_hosts=spec.zk_hosts)
         if spec.netns is not None:
             settings = replace(
                 settings,
@@ -131,7 +142,10 @@ class FleetWorker:
         """Start the worker process (it is ready later: see :meth:`Fleet.wait_ready`)."""
         if self.is_running():
             raise StackError(f"worker {self.label} is already running (pid {self.pid})")
-        argv = worker_command(["-n", f"{self.node_prefix}%h"])
+        extra = ["-n", f"{self.node_prefix}%h"]
+        if self.spec.queues:
+            extra += ["-Q", ",".join(self.spec.queues)]
+        argv = worker_command(extra)
         if self.netns is not None:
             argv = self.netns.argv(argv)
         self._child = ChildProcess(
@@ -216,6 +230,8 @@ class Fleet:
         if len(set(labels)) != len(labels):
             raise ValueError(f"worker labels must be unique, got {labels}")
         self.app = app
+        self.settings = settings
+        self.run_id = run_id
         self.workers = [FleetWorker(spec, settings, run_id, log_dir) for spec in specs]
         self.log_dir = log_dir
         self.unexpected_exits: list[tuple[str, int | None, float]] = []
@@ -313,20 +329,34 @@ class Fleet:
             self.wait_ready(dead, timeout)
         return dead
 
+    def add(self, specs: Sequence[WorkerSpec], timeout: float = 60.0) -> list[FleetWorker]:
+        """Start workers for ``specs`` (labels unused so far) and wait until each answers a
+        ping; they belong to the fleet from then on (until :meth:`remove`). If one does not
+        start, every one of them is stopped again and StackError raised."""
+        taken = {w.label for w in self.workers}
+        labels = [spec.label for spec in specs]
+        if taken & set(labels) or len(set(labels)) != len(labels):
+            raise ValueError(f"worker labels must be unique, got {labels} besides {sorted(taken)}")
+        added = [FleetWorker(spec, self.settings, self.run_id, self.log_dir) for spec in specs]
+        try:
+            for worker in added:
+                worker.start()
+            self.wait_ready(added, timeout)
+        except BaseException:
+            _stop_all(added, STOP_GRACE)
+            raise
+        self.workers += added
+        return added
+
+    def remove(self, workers: Sequence[FleetWorker], grace: float = STOP_GRACE) -> None:
+        """Take ``workers`` out of the fleet and stop them (warm shutdowns in parallel)."""
+        self.workers = [w for w in self.workers if all(w is not gone for gone in workers)]
+        _stop_all(workers, grace)
+
     def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop every worker within one ``grace`` period (warm shutdowns run in parallel)."""
         self._stopped = True
-        for worker in self.workers:
-            worker.request_stop()
-        deadline = time.monotonic() + grace
-        errors: list[Exception] = []
-        for worker in self.workers:
-            try:
-                worker.stop(grace=max(0.0, deadline - time.monotonic()))
-            except Exception as exc:  # stop the others anyway, then report
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        _stop_all(self.workers, grace)
 
     def __enter__(self) -> Fleet:
         return self
@@ -338,3 +368,18 @@ class Fleet:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _stop_all(workers: Sequence[FleetWorker], grace: float) -> None:
+    """Stop ``workers`` within one ``grace`` period; raise the first error after trying all."""
+    for worker in workers:
+        worker.request_stop()
+    deadline = time.monotonic() + grace
+    errors: list[Exception] = []
+    for worker in workers:
+        try:
+            worker.stop(grace=max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # stop the others anyway, then report
+            errors.append(exc)
+    if errors:
+        raise errors[0]

@@ -6,9 +6,14 @@ A run (:func:`run_loadtest`):
    ``--zk-nodes 3``), a persistent broker Redis (append-only file, fsync on every write, so a
    restart loses no message) and a second Redis for results, section records and the fence,
    outside the reach of any fault; then a fleet of ``--workers`` workers (:mod:`workers.fleet`)
-   cycling through ``--pools``. When partitions are asked for and this process may create
-   network namespaces (root, iproute2), ``--netns-workers`` of them (default 1) run in one
-   (:mod:`workers.netns`). With ``--zk-hosts``/``--broker`` it runs against an existing fleet
+   cycling through ``--pools``. When partitions or black holes are asked for and this process
+   may create network namespaces (root, iproute2), ``--netns-workers`` of them (default 1) run
+   in one (:mod:`workers.netns`); with black holes, workers with an in-process pool (threads,
+   gevent, solo) are the ones chosen. When follower partitions are asked for on an ensemble and
+   members can be cut off (:func:`~celery_zklock.testing.zookeeper.partition_unavailable_reason`),
+   every member is started isolatable, with a ``syncLimit`` long enough that a cut-off follower
+   keeps serving its clients past the session timeout (:meth:`LoadConfig.effective_sync_limit`).
+   With ``--zk-hosts``/``--broker`` it runs against an existing fleet
    instead (the compose one): nothing is started, and faults that need local processes are
    recorded as not run.
 2. **Workload.** ``--tasks`` tasks (:func:`plan_workload`, deterministic for ``--seed``) over
@@ -58,9 +63,17 @@ from kazoo.exceptions import NoNodeError
 
 from celery_zklock import is_skipped
 from celery_zklock.cli import Subcommand
-from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing import (
+    RedisServer,
+    StackError,
+    ZooKeeperEnsemble,
+    ZooKeeperOptions,
+    ZooKeeperServer,
+)
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
+from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from workers.app import create_app
+from workers.chatter import IN_PROCESS_POOLS
 from workers.checker import RunReport, TaskOutcome, check_run
 from workers.faults import (
     FaultEnvironment,
@@ -70,8 +83,8 @@ from workers.faults import (
     quiet_kazoo_logger,
 )
 from workers.fleet import Fleet, WorkerSpec
-from workers.netns import Namespace, NetnsError, unavailable_reason
-from workers.record import FaultLog, FaultRecord, Mode, SectionRecorder
+from workers.netns import Namespace, NetnsError, blackhole_unavailable_reason, unavailable_reason
+from workers.record import FAULT_KINDS, FaultLog, FaultRecord, Mode, SectionRecorder
 from workers.report import write_reports
 from workers.settings import POOLS, Settings
 from workers.tasks import TASK_FOR_MODE
@@ -92,6 +105,7 @@ __all__ = [
 POLL: Final = 0.25
 RESULT_KEY_PREFIX: Final = str(KeyValueStoreBackend.task_keyprefix)
 RESERVE_SHARE: Final = 0.25
+DEFAULT_SYNC_LIMIT: Final = 5
 # Rough seconds one fault takes (plus the session timeout for the ones that wait for an expiry),
 # to size the default duration of a run with faults.
 FAULT_SECONDS: Final[Mapping[str, float]] = {
@@ -101,8 +115,11 @@ FAULT_SECONDS: Final[Mapping[str, float]] = {
     "leader": 4.0,
     "partition": 2.5,
     "redis_restart": 2.0,
+    "blackhole": 4.0,
+    "follower_partition": 5.0,
 }
-WAITS_FOR_EXPIRY: Final = frozenset({"pause", "partition"})
+WAITS_FOR_EXPIRY: Final = frozenset({"pause", "partition", "blackhole", "follower_partition"})
+NETNS_FAULTS: Final = frozenset({"partition", "blackhole"})
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,7 @@ class LoadConfig:
     result_timeout: float | None = None
     start_timeout: float = 90.0
     netns_workers: int | None = None
+    zk_sync_limit: int | None = None
     fault_gap: float = 1.0
     zk_root: str = "/zklock"
     external: External | None = None
@@ -172,7 +190,19 @@ class LoadConfig:
     def effective_netns_workers(self) -> int:
         if self.netns_workers is not None:
             return self.netns_workers
-        return 1 if self.faults.get("partition") else 0
+        return 1 if any(self.faults.get(kind) for kind in NETNS_FAULTS) else 0
+
+    def effective_sync_limit(self) -> int:
+        """An ensemble's ``syncLimit`` in ticks: as set, else ZooKeeper's usual 5, or with
+        follower partitions planned, enough ticks that a follower cut off from its leader keeps
+        serving its clients for twice the session timeout plus 2 s: the leader expires their
+        sessions first, as with a production ``syncLimit x tickTime`` longer than the timeout."""
+        if self.zk_sync_limit is not None:
+            return self.zk_sync_limit
+        if not self.faults.get("follower_partition"):
+            return DEFAULT_SYNC_LIMIT
+        tick = ZooKeeperOptions().tick_time_ms / 1000.0
+        return max(DEFAULT_SYNC_LIMIT, math.ceil((2 * self.session_timeout + 2.0) / tick))
 
 
 @dataclass(frozen=True)
@@ -380,23 +410,39 @@ def _start_local(
     """Start namespaces, ZooKeeper, both Redis servers and the fleet; register their stops."""
     notes: list[str] = []
     namespaces: list[Namespace] = []
-    wanted = config.effective_netns_workers()
+    wanted = min(config.effective_netns_workers(), config.workers)
     if wanted:
         reason = unavailable_reason()
         if reason is not None:
-            notes.append(f"partition faults will not run: {reason}")
+            kinds = " and ".join(k for k in FAULT_KINDS if k in NETNS_FAULTS)
+            notes.append(f"{kinds} faults will not run: {reason}")
         else:
             for index in range(wanted):
                 namespace = Namespace.create(f"{run_id[:3]}{index}")
                 cleanup.callback(namespace.delete)
                 namespaces.append(namespace)
+            if config.faults.get("blackhole"):
+                reason = blackhole_unavailable_reason()
+                if reason is not None:
+                    notes.append(f"blackhole faults will not run: {reason}")
     # Workers in a namespace reach ZooKeeper through their link's host address, not loopback.
     address = "0.0.0.0" if namespaces else "127.0.0.1"
-    zookeeper: ZooKeeperServer | ZooKeeperEnsemble = (
-        ZooKeeperEnsemble(config.zk_nodes, client_address=address)
-        if config.zk_nodes > 1
-        else ZooKeeperServer(client_address=address)
-    )
+    zookeeper: ZooKeeperServer | ZooKeeperEnsemble
+    if config.zk_nodes > 1:
+        isolatable = False
+        if config.faults.get("follower_partition"):
+            reason = partition_unavailable_reason()
+            if reason is not None:
+                notes.append(f"follower_partition faults will not run: {reason}")
+            isolatable = reason is None
+        zookeeper = ZooKeeperEnsemble(
+            config.zk_nodes,
+            client_address=address,
+            sync_limit_ticks=config.effective_sync_limit(),
+            isolatable=isolatable,
+        )
+    else:
+        zookeeper = ZooKeeperServer(client_address=address)
     bind = [namespace.redis_address for namespace in namespaces]
     broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
     records = RedisServer(bind=bind)
@@ -413,11 +459,17 @@ def _start_local(
         visibility_timeout=config.effective_visibility_timeout(),
     )
     run = _client_side(config, run_id, settings, cleanup)
+    pools = [config.pools[index % len(config.pools)] for index in range(config.workers)]
+    blackholes = bool(config.faults.get("blackhole"))
+    places = _netns_places(pools, len(namespaces), in_process=blackholes)
+    if blackholes and namespaces and all(pools[i] not in IN_PROCESS_POOLS for i in places):
+        notes.append(
+            "blackhole faults will not run: no worker in a network namespace has an "
+            f"in-process pool ({', '.join(sorted(IN_PROCESS_POOLS))}); see --pools"
+        )
     specs = []
-    for index in range(config.workers):
-        pool = config.pools[index % len(config.pools)]
-        in_netns = index >= config.workers - len(namespaces)
-        netns = namespaces[index - (config.workers - len(namespaces))] if in_netns else None
+    for index, pool in enumerate(pools):
+        netns = namespaces[places.index(index)] if index in places else None
         specs.append(WorkerSpec(f"{pool}{index + 1}", pool, config.concurrency, netns))
     fleet = Fleet(run.app, settings, specs, run_id, log_dir)
     cleanup.callback(fleet.stop)
@@ -425,6 +477,15 @@ def _start_local(
     return replace(
         run, fleet=fleet, zookeeper=zookeeper, broker=broker, namespaces=namespaces, notes=notes
     )
+
+
+def _netns_places(pools: Sequence[str], count: int, *, in_process: bool) -> list[int]:
+    """Which ``count`` of the workers (indexes into ``pools``) run in a namespace: the last
+    ones; with ``in_process``, the last ones with an in-process pool first."""
+    order = list(range(len(pools) - 1, -1, -1))
+    if in_process:
+        order.sort(key=lambda index: pools[index] not in IN_PROCESS_POOLS)
+    return sorted(order[:count])
 
 
 def _client_side(
@@ -459,9 +520,9 @@ def _start_external(
                 f"no worker answered a ping on {external.broker} within "
                 f"{config.start_timeout:.0f} s"
             )
+    local = ", ".join(kind for kind in FAULT_KINDS if kind != "expire")
     run.notes.append(
-        "external run: kill, pause, leader, partition and redis_restart faults need local "
-        "processes and are recorded as not run"
+        f"external run: {local} faults need local processes and are recorded as not run"
     )
     return run
 
@@ -691,13 +752,13 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
     add("--zk-nodes", type=_positive_int, default=d.zk_nodes,
         help=f"1 = standalone ZooKeeper, N = an N-node ensemble ({d.zk_nodes})")  # fmt: skip
     add("--faults", type=parse_faults, default=dict(d.faults), metavar="KIND:N,...",
-        help="faults to inject: kill, pause, expire, leader, partition, redis_restart, or all "
+        help=f"faults to inject: {', '.join(FAULT_KINDS)}, or all "
         f"(e.g. kill:3,pause:3 or all:3; default: {describe_plan(d.faults)})")  # fmt: skip
     add("--fault-gap", type=_seconds, default=d.fault_gap,
         help=f"seconds between two faults ({d.fault_gap:g})")  # fmt: skip
     add("--netns-workers", type=int, default=d.netns_workers,
-        help="workers run in a network namespace for partitions (default 1 with partition "
-        "faults, else 0)")  # fmt: skip
+        help="workers run in a network namespace for partitions and black holes (default 1 "
+        "with such faults, else 0)")  # fmt: skip
     add("--visibility-timeout", type=_seconds, default=d.visibility_timeout,
         help="broker redelivery timeout, s (default: wait timeout + 3 holds + 10)")  # fmt: skip
     add("--timeout", type=_seconds, default=d.result_timeout,

@@ -12,10 +12,18 @@ services at the host-side addresses: Redis must listen on :attr:`Namespace.redis
 the process is given those addresses instead of 127.0.0.1 (:meth:`Namespace.rehost`).
 
 :meth:`Namespace.cut` sets the host end of the ZooKeeper link down: from then on packets
-between the namespace and ZooKeeper are dropped silently, in both directions, as in a real
-partition (no reset, no error: the client sees silence, the server sees silence and expires the
-session after its timeout), while the Redis link keeps working. :meth:`Namespace.heal` sets it
-up again. Needs root and iproute2; :func:`unavailable_reason` says why not when they are missing.
+between the namespace and ZooKeeper are dropped, in both directions, as in a real partition
+(no reset: a connection already open sees silence, and the server sees silence and expires the
+session after its timeout), while the Redis link keeps working. The kernel does notice a link
+down, though: a *new* connection from the namespace fails after about a second with "No route
+to host" (its neighbour lookup fails). :meth:`Namespace.blackhole` is the silent kind: the link
+stays up and an ``iptables`` rule on each end (the host's ``INPUT`` for packets arriving on the
+host end, the namespace's ``INPUT`` for packets arriving on its end) drops every packet of the
+link: established connections and new ones alike see nothing at all, no error, no reset, no
+unreachable (a rule in ``OUTPUT`` would make the sender's kernel report ``EPERM``).
+:meth:`Namespace.heal` undoes either. Needs root and iproute2 (:func:`unavailable_reason` says
+why not when they are missing); the black hole also needs ``iptables``
+(:func:`blackhole_unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["Namespace", "NetnsError", "unavailable_reason"]
+__all__ = ["Namespace", "NetnsError", "blackhole_unavailable_reason", "unavailable_reason"]
 
 _BLOCK_PREFIX = "10.254"
 _IP_TIMEOUT = 15.0
@@ -52,8 +60,20 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def blackhole_unavailable_reason() -> str | None:
+    """Why :meth:`Namespace.blackhole` cannot work here (no namespaces, no ``iptables``), or
+    None if it can."""
+    reason = unavailable_reason()
+    if reason is None and shutil.which("iptables") is None:
+        reason = "the `iptables` program is missing: apt-get install -y iptables"
+    return reason
+
+
 def _ip(*args: str) -> str:
-    argv = ["ip", *args]
+    return _run(["ip", *args])
+
+
+def _run(argv: list[str]) -> str:
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=_IP_TIMEOUT, check=False
@@ -85,6 +105,7 @@ class Namespace:
     tag: str
     block: int
     cut_now: bool = False
+    blackholed_now: bool = False
 
     @property
     def name(self) -> str:
@@ -166,15 +187,47 @@ class Namespace:
         return ",".join(entries) + slash + chroot
 
     def cut(self) -> None:
-        """Drop all traffic between the namespace and ZooKeeper (see the module docstring)."""
+        """Set the ZooKeeper link down (see the module docstring)."""
         _ip("link", "set", self.links[1][0], "down")
         self.cut_now = True
 
+    def blackhole(self) -> None:
+        """Drop every packet of the ZooKeeper link, both ways, silently (see the module
+        docstring); raises NetnsError (with nothing left behind) if a rule cannot be added."""
+        try:
+            for argv in self._drop_rules("-I"):
+                _run(argv)
+        except NetnsError:
+            self._remove_drop_rules()
+            raise
+        self.blackholed_now = True
+
     def heal(self, timeout: float = 5.0) -> None:
-        """Undo :meth:`cut`; returns once the link carries traffic again (NetnsError if not)."""
+        """Undo :meth:`cut` and :meth:`blackhole`; returns once the link carries traffic again
+        (NetnsError if not)."""
+        self._remove_drop_rules()
+        self.blackholed_now = False
         _ip("link", "set", self.links[1][0], "up")
         self._wait_link_up(deadline=time.monotonic() + timeout)
         self.cut_now = False
+
+    def _drop_rules(self, action: str) -> list[list[str]]:
+        """The ``iptables`` commands that add (``-I``) or delete (``-D``) the black hole."""
+        host_end, ns_end = self.links[1]
+        return [
+            ["iptables", "-w", "5", action, "INPUT", "-i", host_end, "-j", "DROP"],
+            self.argv(["iptables", "-w", "5", action, "INPUT", "-i", ns_end, "-j", "DROP"]),
+        ]
+
+    def _remove_drop_rules(self) -> None:
+        """Delete the black hole's rules, every copy of them; a missing rule (or a namespace
+        already gone) is fine."""
+        for argv in self._drop_rules("-D"):
+            for _ in range(8):
+                try:
+                    _run(argv)
+                except NetnsError:
+                    break
 
     def _wait_link_up(self, deadline: float) -> None:
         while True:
@@ -188,8 +241,11 @@ class Namespace:
             time.sleep(0.02)
 
     def delete(self) -> None:
-        """Remove the namespace and both links (their host ends go with it). Idempotent."""
+        """Remove the namespace and both links (their host ends go with it), and the black
+        hole's host rule if it is still there. Idempotent."""
         try:
+            if shutil.which("iptables") is not None:
+                self._remove_drop_rules()
             names = _ip("netns", "list")
             if re.search(rf"^{re.escape(self.name)}\b", names, re.MULTILINE):
                 _ip("netns", "delete", self.name)

@@ -4,7 +4,10 @@
 after its fenced write, and ``exit`` right before its lock is released (with how the section
 ended: ``outcome``), each one JSON :class:`SectionEvent` pushed (``RPUSH``) to the list
 ``zklock:run:<run_id>:events``. A fault injector that kills a worker process appends a
-``killed`` event to the same list (:meth:`SectionRecorder.record_kill`). Redis runs commands one
+``killed`` event to the same list (:meth:`SectionRecorder.record_kill`), and one that takes a
+process's leases away where no lease clock can see it coming appends ``paused`` (SIGSTOP) or
+``expired`` (its session closed on the server) (:meth:`SectionRecorder.record_forced_loss`).
+Redis runs commands one
 at a time, so the list is a total order of those events, whatever host or clock they came from:
 if two sections really never overlapped, the first one's ``exit`` precedes the second one's
 ``enter`` in the list. :mod:`workers.checker` replays it. A clean history proves nothing about
@@ -30,6 +33,7 @@ from celery_zklock.fence import FenceOutcome, FenceStats, RedisFence
 
 __all__ = [
     "FAULT_KINDS",
+    "FORCED_LOSS_KINDS",
     "FaultLog",
     "FaultRecord",
     "FenceOutcome",
@@ -47,10 +51,21 @@ __all__ = [
 ]
 
 Mode = Literal["exclusive", "shared"]
-EventKind = Literal["enter", "write", "exit", "killed"]
+EventKind = Literal["enter", "write", "exit", "killed", "paused", "expired"]
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
-FAULT_KINDS: Final = ("kill", "pause", "expire", "leader", "partition", "redis_restart")
+FAULT_KINDS: Final = (
+    "kill",
+    "pause",
+    "expire",
+    "leader",
+    "partition",
+    "redis_restart",
+    "blackhole",
+    "follower_partition",
+)
+FORCED_LOSS_KINDS: Final[tuple[EventKind, ...]] = ("paused", "expired")
+"""Event kinds that say a fault took a process's leases away where no holder can see it coming."""
 
 # The Redis client is untyped (redis-py has no stubs here): ``Any`` keeps that honest.
 RedisClient = Any
@@ -81,8 +96,12 @@ class SectionEvent:
     ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
 
     A ``killed`` event means the process ``pid`` on ``hostname`` died: it closes every section
-    that process had entered and not exited. Only ``hostname``, ``pid`` and ``time`` mean
-    anything in it (``task_id`` and ``key`` are empty, ``mode`` is a placeholder, ``token`` 0).
+    that process had entered and not exited. A ``paused`` event means a fault stopped that process
+    (SIGSTOP) while it held locks, an ``expired`` one that a fault closed its ZooKeeper session on
+    the server: from then on its open sections may be overlapped by their successors without the
+    lock being at fault (see :mod:`workers.checker`). In these three kinds only ``hostname``,
+    ``pid`` and ``time`` mean anything (``task_id`` and ``key`` are empty, ``mode`` is a
+    placeholder, ``token`` 0).
     """
 
     kind: EventKind
@@ -148,9 +167,23 @@ class SectionRecorder:
         worker's node name (``task.request.hostname``) and the pid of the process that ran the
         task bodies (in a prefork worker, the pool child's, not the parent's).
         """
+        self._record_process_event("killed", hostname, pid, time)
+
+    def record_forced_loss(self, kind: EventKind, hostname: str, pid: int, time: float) -> None:
+        """Append a ``paused`` or ``expired`` event for process ``pid`` of ``hostname``.
+
+        Call it once the fault took effect (the process is stopped, or its session is about to
+        be closed) and before its successors can be granted: the checker excuses overlaps of
+        the sections open at this point only (``hostname``/``pid`` as in :meth:`record_kill`).
+        """
+        if kind not in FORCED_LOSS_KINDS:
+            raise ValueError(f"a forced loss is one of {FORCED_LOSS_KINDS}, got {kind!r}")
+        self._record_process_event(kind, hostname, pid, time)
+
+    def _record_process_event(self, kind: EventKind, hostname: str, pid: int, time: float) -> None:
         self.record(
             SectionEvent(
-                kind="killed",
+                kind=kind,
                 task_id="",
                 key="",
                 mode="exclusive",
@@ -339,6 +372,8 @@ def check_sections(events: Iterable[SectionEvent]) -> SectionReport:
                     if (opened.hostname, opened.pid) == (event.hostname, event.pid):
                         del open_here[holder]
             continue
+        if event.kind in FORCED_LOSS_KINDS:
+            continue  # every overlap counts here
         holders = inside.setdefault(event.key, {})
         stats = keys.setdefault(event.key, KeyStats())
         if event.kind == "enter":

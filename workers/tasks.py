@@ -15,6 +15,10 @@ that write is the one the fence must refuse.
 
 Records go to the Redis at the app setting ``fleet_record_url`` (``ZKLOCK_RECORD_URL``).
 
+A fault injector plants sections of its own (:mod:`workers.faults`): long ones, given a
+``release_key``, a Redis key whose appearance ends the hold early (checked every
+:data:`RELEASE_POLL_SECONDS`), so that a section planted for nothing costs no more than it must.
+
 The busy policy is the task's default (``wait`` up to 30 s, then fail with ``LockTimeout``) or
 per call: ``apply_async(args, zklock={"on_busy": "skip"})``.
 """
@@ -26,6 +30,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -41,6 +46,7 @@ __all__ = [
     "HOLD_SLICE_SECONDS",
     "LOCK_NAME",
     "RECORD_URL_SETTING",
+    "RELEASE_POLL_SECONDS",
     "SHARED_TASK",
     "TASK_FOR_MODE",
     "fence_namespace",
@@ -55,6 +61,7 @@ TASK_FOR_MODE: Final[dict[Mode, str]] = {"exclusive": EXCLUSIVE_TASK, "shared": 
 RECORD_URL_SETTING: Final = "fleet_record_url"
 DEFAULT_WAIT_SECONDS: Final = 30.0
 HOLD_SLICE_SECONDS: Final = 0.02
+RELEASE_POLL_SECONDS: Final = 0.1
 
 
 def fence_namespace(run_id: str) -> str:
@@ -63,9 +70,16 @@ def fence_namespace(run_id: str) -> str:
 
 
 def run_section(
-    task: ZkLockTask, run_id: str, key: str, hold_ms: int, mode: Mode
+    task: ZkLockTask,
+    run_id: str,
+    key: str,
+    hold_ms: int,
+    mode: Mode,
+    release_key: str | None = None,
 ) -> dict[str, Any]:
     """The body of both tasks; must run inside a locked run (``task.lock`` is the lease).
+
+    With ``release_key``, the hold ends early once that Redis key exists (see the module doc).
 
     Raises what the section raised (``LockLost`` when the lease was lost during the hold) after
     recording ``exit``; returns the token, whether the fenced write was accepted, and where it ran.
@@ -91,7 +105,7 @@ def run_section(
     recorder.record(enter)
     outcome = "ok"
     try:
-        _hold(task, hold_ms / 1000.0)
+        _hold(task, hold_ms / 1000.0, None if release_key is None else _flag(client, release_key))
         value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
         written = fence.write(key, lease.token, value)
         recorder.record(
@@ -114,19 +128,32 @@ def run_section(
     return _result(enter, written)
 
 
-def _hold(task: ZkLockTask, seconds: float) -> None:
-    """Sleep ``seconds`` in short slices, raising ``LockLost`` as soon as the lease is lost.
+def _hold(task: ZkLockTask, seconds: float, released: Callable[[], bool] | None = None) -> None:
+    """Sleep ``seconds`` in short slices, raising ``LockLost`` as soon as the lease is lost, and
+    returning early once ``released()`` is true (asked every :data:`RELEASE_POLL_SECONDS`).
 
     The slices also keep every sleep short, so an interruption aimed at the body (a signal, or an
     asynchronous exception in the threads pool) is not held up by one long C-level sleep.
     """
-    deadline = time.monotonic() + seconds
+    now = time.monotonic()
+    deadline = now + seconds
+    next_poll = now + RELEASE_POLL_SECONDS
     while True:
         task.lock.check()
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             return
+        if released is not None and now >= next_poll:
+            if released():
+                return
+            next_poll = now + RELEASE_POLL_SECONDS
         time.sleep(min(remaining, HOLD_SLICE_SECONDS))
+
+
+def _flag(client: redis.Redis, key: str) -> Callable[[], bool]:
+    """A callable that is true once ``key`` exists in Redis."""
+    return lambda: bool(client.exists(key))
 
 
 def _result(enter: SectionEvent, written: FenceOutcome) -> dict[str, Any]:
@@ -138,14 +165,18 @@ def _result(enter: SectionEvent, written: FenceOutcome) -> dict[str, Any]:
     }
 
 
-def exclusive_section(self: ZkLockTask, run_id: str, key: str, hold_ms: int) -> dict[str, Any]:
+def exclusive_section(
+    self: ZkLockTask, run_id: str, key: str, hold_ms: int, release_key: str | None = None
+) -> dict[str, Any]:
     """Hold the exclusive (write) side of ``key``'s lock for ``hold_ms``; see the module doc."""
-    return run_section(self, run_id, key, hold_ms, "exclusive")
+    return run_section(self, run_id, key, hold_ms, "exclusive", release_key)
 
 
-def shared_section(self: ZkLockTask, run_id: str, key: str, hold_ms: int) -> dict[str, Any]:
+def shared_section(
+    self: ZkLockTask, run_id: str, key: str, hold_ms: int, release_key: str | None = None
+) -> dict[str, Any]:
     """Hold the shared (read) side of ``key``'s lock for ``hold_ms``; see the module doc."""
-    return run_section(self, run_id, key, hold_ms, "shared")
+    return run_section(self, run_id, key, hold_ms, "shared", release_key)
 
 
 def register_tasks(app: Celery) -> None:

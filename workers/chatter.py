@@ -1,0 +1,145 @@
+"""ZooKeeper traffic on demand inside a fleet worker: what a worker's *other* tasks send.
+
+The ``blackhole`` fault (:mod:`workers.faults`) silences a worker's link to ZooKeeper while one
+of its tasks holds a lock. The dangerous case is a worker whose other tasks keep sending requests
+on the same ZooKeeper client meanwhile: kazoo sends a ping only when it sent nothing for a third
+of the session timeout, and declares the link dead only when a ping goes unanswered, so a steady
+stream of requests keeps it CONNECTED for the whole outage. A busy threads or gevent worker does
+that on its own; this module makes it happen on demand, at a known rate.
+
+The remote control command ``zklock_chatter`` (:func:`start_chatter` sends it) starts, in the
+worker process that handles control commands (a threads, gevent or solo worker's only process:
+the one its task bodies run in), a thread (a greenlet under gevent) that sends one ``exists``
+request for the lock root every ``interval`` seconds on the process's ZooKeeper client (the one
+its :class:`~celery_zklock.ZkLockTask` runs use), for ``duration`` seconds or until the command
+comes again with ``duration=0``. Requests are asynchronous and nobody waits for their answers:
+on a silent link they queue unanswered, as another task's would, and the thread keeps sending.
+The reply names the client's session id, so the caller can check it is the lock holder's. A
+prefork worker's tasks run in child processes with clients of their own: there the command
+starts nothing and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from typing import Any, Final
+
+from celery.worker.control import control_command
+
+from celery_zklock.config import client_config, lock_root
+from celery_zklock.session import get_client
+
+__all__ = ["CHATTER_COMMAND", "IN_PROCESS_POOLS", "start_chatter", "stop_chatter"]
+
+CHATTER_COMMAND: Final = "zklock_chatter"
+IN_PROCESS_POOLS: Final = frozenset({"threads", "gevent", "solo"})
+"""Pools whose task bodies run in the worker's main process, on its one ZooKeeper client."""
+_POOL_MODULES: Final = {"thread": "threads", "gevent": "gevent", "solo": "solo"}
+
+logger = logging.getLogger(__name__)
+
+_current: threading.Event | None = None
+_current_lock = threading.Lock()
+
+
+def _gevent_patched() -> bool:
+    if "gevent" not in sys.modules:
+        return False
+    from gevent import monkey
+
+    return bool(monkey.is_module_patched("socket"))
+
+
+def _pool_name(state: Any) -> str:
+    pool = getattr(getattr(state, "consumer", None), "pool", None)
+    module = type(pool).__module__.rsplit(".", 1)[-1] if pool is not None else ""
+    return _POOL_MODULES.get(module, module or "unknown")
+
+
+def _chatter(client: Any, path: str, interval: float, until: float, stop: threading.Event) -> None:
+    sent = 0
+    while not stop.is_set() and time.monotonic() < until:
+        try:
+            client.exists_async(path)  # queued and sent; the answer is never waited for
+            sent += 1
+        except Exception as exc:  # a closed client: nothing left to chatter on
+            logger.info("zklock chatter stopped after %d requests: %r", sent, exc)
+            return
+        stop.wait(interval)
+    logger.info("zklock chatter done: %d requests every %.2f s", sent, interval)
+
+
+@control_command(  # type: ignore[untyped-decorator]
+    args=[("interval", float), ("duration", float)],
+    signature="<interval> <duration>",
+)
+def zklock_chatter(state: Any, interval: float = 1.0, duration: float = 0.0) -> dict[str, Any]:
+    """Send ZooKeeper requests every ``interval`` s for ``duration`` s (0: stop); see the
+    module docstring."""
+    global _current
+    with _current_lock:
+        if _current is not None:
+            _current.set()
+            _current = None
+    pool = _pool_name(state)
+    if duration <= 0:
+        return {"ok": "stopped", "pool": pool}
+    if pool not in IN_PROCESS_POOLS:
+        return {"error": f"a {pool} worker runs its tasks in other processes", "pool": pool}
+    if interval <= 0:
+        return {"error": f"interval must be > 0, got {interval}", "pool": pool}
+    conf = state.app.conf
+    client = get_client(client_config(conf, handler="gevent" if _gevent_patched() else "threading"))
+    session_id = client.client_id[0] if client.client_id else None
+    stop = threading.Event()
+    with _current_lock:
+        _current = stop
+    thread = threading.Thread(
+        target=_chatter,
+        args=(client, lock_root(conf), interval, time.monotonic() + duration, stop),
+        name="zklock-chatter",
+        daemon=True,
+    )
+    thread.start()
+    return {"ok": "started", "pool": pool, "session": session_id}
+
+
+def start_chatter(
+    app: Any, nodename: str, interval: float, duration: float, timeout: float = 5.0
+) -> dict[str, Any]:
+    """Ask worker ``nodename`` to chatter (see the module docstring); return its reply.
+
+    Raises RuntimeError if it does not answer within ``timeout`` seconds or refuses.
+    """
+    reply = _command(app, nodename, interval, duration, timeout)
+    if "error" in reply:
+        raise RuntimeError(f"worker {nodename} will not chatter: {reply['error']}")
+    return reply
+
+
+def stop_chatter(app: Any, nodename: str, timeout: float = 5.0) -> None:
+    """Stop worker ``nodename``'s chatter (no error if it has none or does not answer)."""
+    with contextlib.suppress(RuntimeError):
+        _command(app, nodename, 0.0, 0.0, timeout)
+
+
+def _command(
+    app: Any, nodename: str, interval: float, duration: float, timeout: float
+) -> dict[str, Any]:
+    replies = app.control.broadcast(
+        CHATTER_COMMAND,
+        arguments={"interval": interval, "duration": duration},
+        destination=[nodename],
+        reply=True,
+        timeout=timeout,
+        limit=1,
+    )
+    for reply in replies or ():
+        if nodename in reply:
+            answer: dict[str, Any] = reply[nodename]
+            return answer
+    raise RuntimeError(f"worker {nodename} did not answer {CHATTER_COMMAND} within {timeout:g} s")
