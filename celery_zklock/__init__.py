@@ -11,7 +11,8 @@ from celery_zklock.errors import (
 from celery_zklock.fence import RedisFence
 from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import Lease, Mutex, ReadWriteLock
-from celery_zklock.task import ZkLockTask, is_skipped
+from celery_zklock.policy import is_skipped
+from celery_zklock.task import ZkLockTask
 
 __all__ = [
     "ConfigurationError",

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from celery_zklock.errors import ConfigurationError
@@ -79,3 +83,46 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
     )
     config.validate()
     return config
+
+
+@dataclass(frozen=True)
+class Settings:
+    """An app's celery-zklock settings, read once: the lock root and the client config."""
+
+    root: str
+    client: ClientConfig
+
+
+_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+_settings_lock = threading.Lock()
+
+
+def settings_of(app: Any) -> Settings:
+    """The settings of ``app``, read from ``app.conf`` (and ``ZKLOCK_*``) at its first locked
+    call and kept for the app's life, as Celery reads a task's config once.
+
+    A test that changes ``app.conf.zklock_*`` or a ``ZKLOCK_*`` variable after that calls
+    :func:`forget_settings`. An invalid setting raises ConfigurationError and is not kept.
+    """
+    with _settings_lock:
+        settings = _settings.get(app)
+    if settings is None:
+        handler = "gevent" if _gevent_patched() else "threading"
+        settings = Settings(lock_root(app.conf), client_config(app.conf, handler=handler))
+        with _settings_lock:
+            _settings[app] = settings
+    return settings
+
+
+def forget_settings(app: Any) -> None:
+    """Read ``app``'s settings again at its next locked call (for tests that change them)."""
+    with _settings_lock:
+        _settings.pop(app, None)
+
+
+def _gevent_patched() -> bool:
+    if "gevent" not in sys.modules:
+        return False
+    from gevent import monkey
+
+    return bool(monkey.is_module_patched("socket"))

@@ -53,8 +53,8 @@ from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from celery_zklock.errors import ZooKeeperUnavailable
 from celery_zklock.locks.contenders import queue_of
+from celery_zklock.locks.context import Deadline, wait_result
 
 logger = logging.getLogger("celery_zklock")
 
@@ -104,22 +104,6 @@ class Contender:
             return 0
 
 
-def _answer(result: Any, deadline: float, what: str) -> Any:
-    """The value of a kazoo async result, waiting until ``deadline`` (monotonic).
-
-    Waits with ``wait`` + ``ready``, never with ``get(timeout=...)``: under gevent that raises
-    ``gevent.Timeout``, which a time limit of the gevent pool also raises, and neither may be
-    mistaken for the other. Raises ZooKeeperUnavailable when no answer came in time, and
-    the request's own error (e.g. NoNodeError) otherwise.
-    """
-    while not result.ready():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise ZooKeeperUnavailable(f"ZooKeeper did not answer in time while {what}")
-        result.wait(min(WAIT_SLICE, remaining))
-    return result.get(block=False)
-
-
 def _parse(data: bytes | None) -> Mapping[str, Any]:
     try:
         parsed = json.loads(data) if data else {}
@@ -137,10 +121,10 @@ def read_queue(
     pipelined; a node that goes meanwhile is left out. Raises ZooKeeperUnavailable when
     ZooKeeper does not answer within ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     what = f"reading the queue of {path}"
     try:
-        queue = queue_of(_answer(client.get_children_async(path), deadline, what))
+        queue = queue_of(wait_result(client.get_children_async(path), deadline, what))
     except NoNodeError:
         return []
     if before is not None:
@@ -150,7 +134,7 @@ def read_queue(
     found: list[Contender] = []
     for contender, result in pending:
         try:
-            data, _ = _answer(result, deadline, what)
+            data, _ = wait_result(result, deadline, what)
         except NoNodeError:
             continue
         found.append(Contender(contender.name, contender.seq, contender.kind, _parse(data)))
@@ -181,14 +165,15 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
     what = f"waiting for {node} to go"
     while True:
         fired.clear()
-        if _answer(client.exists_async(node, watch=lambda _: fired.set()), deadline + 5, what):
+        watched = client.exists_async(node, watch=lambda _: fired.set())
+        if wait_result(watched, Deadline(deadline - time.monotonic() + 5), what):
             remaining = deadline - time.monotonic()
             while remaining > 0 and not fired.is_set():
                 fired.wait(min(WAIT_SLICE, remaining))
                 remaining = deadline - time.monotonic()
             if fired.is_set() and remaining > 0:
                 continue
-            return _answer(client.exists_async(node), time.monotonic() + 5, what) is None
+            return wait_result(client.exists_async(node), Deadline(5.0), what) is None
         return True
 
 

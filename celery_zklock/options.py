@@ -13,13 +13,15 @@ import dataclasses
 import difflib
 import math
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.keys import LockKeySpec, check_lock_key_spec
+from celery_zklock.keys import KeyBuilder, LockKeySpec, check_lock_key_spec
 
 __all__ = [
     "CALL_OVERRIDES",
@@ -34,12 +36,15 @@ __all__ = [
     "ON_BUSY_POLICIES",
     "ON_LOST_POLICIES",
     "ON_TIMEOUT_POLICIES",
+    "OPTIONS",
     "TASK_ATTRIBUTES",
     "LockMode",
     "LockOptions",
+    "Naming",
     "OnBusy",
     "OnLost",
     "OnTimeout",
+    "OptionRule",
     "check_lock_name",
     "options_from_task",
     "with_call_overrides",
@@ -65,22 +70,56 @@ DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
 MAX_LOCK_NAME_LENGTH: Final = 255
 """Longest accepted lock name (one znode path segment)."""
 
-TASK_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
+
+@dataclass(frozen=True)
+class OptionRule:
+    """One lock option: whether a call may override it, and the rule its value must keep.
+
+    ``check(naming, label, value)`` returns the normalised value or raises
+    :class:`~celery_zklock.errors.ConfigurationError` with a message starting
+    ``<naming.context>: <label>=``.
+    """
+
+    per_call: bool
+    check: Callable[[Naming, str, object], object]
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How values being validated are named in messages: the task, the message's opening
+    (``task 'x'``) and the label of each field (``lock_on_busy``, ``zklock['on_busy']``)."""
+
+    task: str
+    context: str
+    label: Callable[[str], str] = str
+
+
+def _choice_of(allowed: tuple[str, ...]) -> Callable[[Naming, str, object], object]:
+    return lambda naming, label, value: _choice(naming.context, label, value, allowed)
+
+
+OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
     {
-        "lock_name": "name",
-        "lock_key": "key",
-        "lock_mode": "mode",
-        "lock_on_busy": "on_busy",
-        "lock_timeout": "timeout",
-        "lock_on_timeout": "on_timeout",
-        "lock_on_lost": "on_lost",
-        "lock_retry_countdown": "retry_countdown",
+        "name": OptionRule(False, lambda n, label, v: check_lock_name(n.context, label, v)),
+        "key": OptionRule(False, lambda n, label, v: check_lock_key_spec(n.task, v)),
+        "mode": OptionRule(False, _choice_of(LOCK_MODES)),
+        "on_busy": OptionRule(True, _choice_of(ON_BUSY_POLICIES)),
+        "timeout": OptionRule(True, lambda n, label, v: _timeout(n.context, label, v)),
+        "on_timeout": OptionRule(True, _choice_of(ON_TIMEOUT_POLICIES)),
+        "on_lost": OptionRule(True, _choice_of(ON_LOST_POLICIES)),
+        "retry_countdown": OptionRule(True, lambda n, label, v: _seconds(n.context, label, v)),
     }
+)
+"""Every lock option (a :class:`LockOptions` field), the one table the task attributes, the
+per-call keys and the validation derive from."""
+
+TASK_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
+    {f"lock_{field}": field for field in OPTIONS}
 )
 """Task attribute (decorator keyword) -> :class:`LockOptions` field, for every lock option."""
 
 CALL_OVERRIDES: Final[frozenset[str]] = frozenset(
-    {"on_busy", "timeout", "on_timeout", "on_lost", "retry_countdown"}
+    field for field, rule in OPTIONS.items() if rule.per_call
 )
 """Keys a call may pass in ``apply_async(..., zklock={...})``. The lock name, key and mode are
 not among them: they decide *which* lock a task takes, and every call of a task must agree."""
@@ -91,14 +130,27 @@ _short_repr.maxother = 80
 
 _T = TypeVar("_T", bound=str)
 
+# How the values being validated are named in error messages. Set by options_from_task and
+# with_call_overrides around the one validation, in LockOptions.__post_init__.
+_naming: ContextVar[Naming | None] = ContextVar("zklock_option_naming", default=None)
+
+
+@contextmanager
+def _named(naming: Naming) -> Iterator[None]:
+    token = _naming.set(naming)
+    try:
+        yield
+    finally:
+        _naming.reset(token)
+
 
 @dataclass(frozen=True)
 class LockOptions:
     """The validated lock options of one task (or of one call, after its overrides).
 
-    Every instance is valid: the constructor checks and normalises every field (a list ``key``
-    becomes a tuple, an ``int`` timeout a ``float``) and raises
-    :class:`~celery_zklock.errors.ConfigurationError` otherwise. Build them with
+    Every instance is valid: the constructor checks and normalises every field by the rules
+    of :data:`OPTIONS` (a list ``key`` becomes a tuple, an ``int`` timeout a ``float``) and
+    raises :class:`~celery_zklock.errors.ConfigurationError` otherwise. Build them with
     :func:`options_from_task` for messages that name the task.
     """
 
@@ -134,29 +186,19 @@ class LockOptions:
     """``lock_retry_countdown``: seconds before a ``retry`` policy's new attempt, ``>= 0``."""
 
     def __post_init__(self) -> None:
-        context = f"LockOptions(name={self.name!r})"
-        checked = {
-            "name": check_lock_name(context, "name", self.name),
-            "key": check_lock_key_spec(self.name, self.key),
-            "mode": _choice(context, "mode", self.mode, LOCK_MODES),
-            "on_busy": _choice(context, "on_busy", self.on_busy, ON_BUSY_POLICIES),
-            "timeout": _timeout(context, "timeout", self.timeout),
-            "on_timeout": _choice(context, "on_timeout", self.on_timeout, ON_TIMEOUT_POLICIES),
-            "on_lost": _choice(context, "on_lost", self.on_lost, ON_LOST_POLICIES),
-            "retry_countdown": _seconds(context, "retry_countdown", self.retry_countdown),
-        }
-        for field, value in checked.items():
+        naming = _naming.get() or Naming(str(self.name), f"LockOptions(name={self.name!r})")
+        for field, rule in OPTIONS.items():
+            value = rule.check(naming, naming.label(field), getattr(self, field))
             object.__setattr__(self, field, value)
 
 
 def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
     """Build a task's :class:`LockOptions` from its ``lock_*`` attributes.
 
-    ``attrs`` maps attribute names (the keys of :data:`TASK_ATTRIBUTES`: ``lock_name``,
-    ``lock_key``, ``lock_mode``, ``lock_on_busy``, ``lock_timeout``, ``lock_on_timeout``,
-    ``lock_on_lost``, ``lock_retry_countdown``) to values; a missing attribute takes its default.
-    ``lock_name=None`` means the default (the task name) and ``lock_key=None`` means all
-    arguments; ``lock_timeout=None`` means *no limit*, so pass it only when the user set it.
+    ``attrs`` maps attribute names (the keys of :data:`TASK_ATTRIBUTES`) to values; a missing
+    attribute takes its default. ``lock_name=None`` means the default (the task name) and
+    ``lock_key=None`` means all arguments; ``lock_timeout=None`` means *no limit*, so pass it
+    only when the user set it.
 
     Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task, the attribute, the
     bad value and what is allowed: an attribute name not in :data:`TASK_ATTRIBUTES` (a typo such
@@ -172,41 +214,18 @@ def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOption
                 f"{_did_you_mean(attribute, TASK_ATTRIBUTES)}; the lock options are: "
                 f"{', '.join(TASK_ATTRIBUTES)}"
             )
-
-    name = attrs.get("lock_name")
-    if name is None:
-        name = check_lock_name(
+    values = {TASK_ATTRIBUTES[attribute]: value for attribute, value in attrs.items()}
+    if values.get("name") is None:
+        # The task name as the default lock name: say so if it cannot be one.
+        values["name"] = check_lock_name(
             context,
             "lock_name (default: the task name)",
             task_name,
             "set lock_name to a valid name; ",
         )
-    else:
-        name = check_lock_name(context, "lock_name", name)
-    options = LockOptions(
-        name=name,
-        key=check_lock_key_spec(task_name, attrs.get("lock_key")),
-        mode=_choice(context, "lock_mode", attrs.get("lock_mode", DEFAULT_MODE), LOCK_MODES),
-        on_busy=_choice(
-            context, "lock_on_busy", attrs.get("lock_on_busy", DEFAULT_ON_BUSY), ON_BUSY_POLICIES
-        ),
-        timeout=_timeout(context, "lock_timeout", attrs.get("lock_timeout", DEFAULT_TIMEOUT)),
-        on_timeout=_choice(
-            context,
-            "lock_on_timeout",
-            attrs.get("lock_on_timeout", DEFAULT_ON_TIMEOUT),
-            ON_TIMEOUT_POLICIES,
-        ),
-        on_lost=_choice(
-            context, "lock_on_lost", attrs.get("lock_on_lost", DEFAULT_ON_LOST), ON_LOST_POLICIES
-        ),
-        retry_countdown=_seconds(
-            context,
-            "lock_retry_countdown",
-            attrs.get("lock_retry_countdown", DEFAULT_RETRY_COUNTDOWN),
-        ),
-    )
-    return options
+    values.setdefault("key", None)
+    with _named(Naming(task_name, context, lambda field: f"lock_{field}")):
+        return LockOptions(**values)  # type: ignore[arg-type]
 
 
 def with_call_overrides(
@@ -230,24 +249,8 @@ def with_call_overrides(
             f"{context}: zklock={_short_repr.repr(overrides)} is not valid; give a dict with "
             f"some of the keys {_allowed_keys()}"
         )
-    on_busy = options.on_busy
-    timeout = options.timeout
-    on_timeout = options.on_timeout
-    on_lost = options.on_lost
-    retry_countdown = options.retry_countdown
-    for key, value in overrides.items():
-        label = f"zklock[{_short_repr.repr(key)}]"
-        if key == "on_busy":
-            on_busy = _choice(context, label, value, ON_BUSY_POLICIES)
-        elif key == "timeout":
-            timeout = _timeout(context, label, value)
-        elif key == "on_timeout":
-            on_timeout = _choice(context, label, value, ON_TIMEOUT_POLICIES)
-        elif key == "on_lost":
-            on_lost = _choice(context, label, value, ON_LOST_POLICIES)
-        elif key == "retry_countdown":
-            retry_countdown = _seconds(context, label, value)
-        else:
+    for key in overrides:
+        if key not in CALL_OVERRIDES:
             fixed = ""
             if isinstance(key, str) and key.removeprefix("lock_") in ("name", "key", "mode"):
                 fixed = " (the lock name, key and mode are fixed by the task, not per call)"
@@ -255,14 +258,8 @@ def with_call_overrides(
                 f"{context}: zklock override key {_short_repr.repr(key)} is not allowed{fixed}"
                 f"{_did_you_mean(key, CALL_OVERRIDES)}; allowed keys: {_allowed_keys()}"
             )
-    return dataclasses.replace(
-        options,
-        on_busy=on_busy,
-        timeout=timeout,
-        on_timeout=on_timeout,
-        on_lost=on_lost,
-        retry_countdown=retry_countdown,
-    )
+    with _named(Naming(task_name, context, lambda field: f"zklock[{field!r}]")):
+        return dataclasses.replace(options, **overrides)  # type: ignore[arg-type]
 
 
 def check_lock_name(context: str, label: str, value: object, advice: str = "") -> str:
@@ -352,3 +349,19 @@ def _did_you_mean(key: object, known: Mapping[str, object] | frozenset[str]) -> 
         return ""
     matches = difflib.get_close_matches(key, sorted(known), n=1)
     return f" (did you mean {matches[0]!r}?)" if matches else ""
+
+
+@dataclass(frozen=True)
+class TaskLockSpec:
+    """A task's lock, compiled once when the task class is made: its validated options and
+    the function from call arguments to the lock key."""
+
+    task_name: str
+    options: LockOptions
+    keys: KeyBuilder
+
+    def for_call(self, overrides: Mapping[str, object] | None) -> LockOptions:
+        """The options of one call: the task's, with the call's ``zklock={...}`` applied."""
+        if overrides is None:
+            return self.options
+        return with_call_overrides(self.options, self.task_name, overrides)

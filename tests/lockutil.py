@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 
@@ -60,3 +61,11 @@ def watches_by_path(hosts: str) -> dict[str, list[str]]:
         elif line.strip().startswith("0x") and current is not None:
             result[current].append(line.strip())
     return result
+
+
+def task_client(task: Any) -> KazooClient:
+    """The kazoo client the locked runs of ``task`` use in this process."""
+    from celery_zklock.config import settings_of
+    from celery_zklock.session import get_client
+
+    return get_client(settings_of(task.app).client)

@@ -19,7 +19,9 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
 from celery_zklock import ZkLockTask, signals
+from celery_zklock.task import _request_overrides
 from celery_zklock.testing.witness import Witness
+from tests.lockutil import task_client
 
 BROKER = os.environ.get("TASKAPP_BROKER", "redis://127.0.0.1:1/0")
 app = Celery("taskapp")
@@ -89,7 +91,7 @@ def _write_atomically(path: Path, text: str) -> None:
 @app.task(bind=True, base=ZkLockTask, lock_name="long", lock_key=["key"], lock_on_busy="wait")
 def long_hold(self: Any, key: str, seconds: float) -> str:
     """Records its session (id, password, pid) and then runs until interrupted."""
-    client = self._zklock_client(self._call_options())  # the client that holds the lock
+    client = task_client(self)  # the client that holds the lock
     session_id, password = client.client_id
     record = {"session_id": session_id, "password": password.hex(), "pid": os.getpid(),
               "token": self.lock.token}  # fmt: skip
@@ -122,7 +124,7 @@ def retry_once(self: Any, key: str) -> dict[str, Any]:
     _append(
         DIR / f"attempts-{key}",
         {"retries": self.request.retries, "token": self.lock.token,
-         "on_busy": self._call_options().on_busy},
+         "on_busy": self._zklock_compile().for_call(_request_overrides(self.request)).on_busy},
     )  # fmt: skip
     if self.request.retries == 0:
         raise self.retry(countdown=0)
@@ -135,7 +137,7 @@ def _held_until_released(
     """Records each start of the body (task id, pid, token, session), then holds the lock for
     ``seconds`` or until the file ``release-<key>`` exists (and, with ``outlive_soft_limit``,
     past its soft time limit)."""
-    session_id, password = task._zklock_client(task._call_options()).client_id
+    session_id, password = task_client(task).client_id
     _append(DIR / f"starts-{key}", {"task_id": task.request.id, "pid": os.getpid(),
                                     "token": task.lock.token, "session_id": session_id,
                                     "password": password.hex()})  # fmt: skip

@@ -20,7 +20,7 @@ from celery_zklock import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import expire_session, wait_for
+from tests.lockutil import expire_session, wait_for, watches_by_path
 
 
 def children(client: KazooClient, path: str) -> list[str]:
@@ -135,7 +135,7 @@ class Interrupt(BaseException):
 
 
 def test_exception_thrown_into_waiting_acquire_leaves_no_node(
-    zk_client: KazooClient, other_client: KazooClient, lock_root: str
+    zk_client: KazooClient, other_client: KazooClient, lock_root: str, zk_hosts: str
 ) -> None:
     held = Mutex(zk_client, lock_root).acquire(timeout=5)
     raised: list[BaseException] = []
@@ -148,7 +148,9 @@ def test_exception_thrown_into_waiting_acquire_leaves_no_node(
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    wait_for(lambda: len(children(zk_client, lock_root)) == 2, 5, "the waiter's node")
+    # Throw once the waiter is parked on its watch: an exception thrown into kazoo's own
+    # request wait can break the client's lock state, which no lock recipe can repair.
+    wait_for(lambda: held.node in watches_by_path(zk_hosts), 5, "the waiter's watch")
     _throw_into(thread, Interrupt)
     thread.join(10)
     assert not thread.is_alive()

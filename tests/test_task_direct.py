@@ -23,7 +23,7 @@ from celery_zklock import (
     signals,
 )
 from celery_zklock.testing import free_port
-from tests.lockutil import expire_session
+from tests.lockutil import expire_session, task_client
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_signals_and_log_lines_for_each_lock_event(
 
     @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lock_on_busy="skip", lazy=False)
     def held(self: Any, n: int) -> str:
-        clients.append(self._zklock_client(self._call_options()))
+        clients.append(task_client(self))
         inside.set()
         while not leave.is_set():  # interruptible: the revocation lands between these waits
             leave.wait(0.01)

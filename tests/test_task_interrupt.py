@@ -22,7 +22,7 @@ from kazoo.exceptions import NoNodeError
 
 from celery_zklock import ConfigurationError, LockLost, ZkLockTask, signals
 from celery_zklock.interrupt import interrupt_signal
-from tests.lockutil import expire_session
+from tests.lockutil import expire_session, task_client
 from tests.workerproc import start_worker
 
 
@@ -46,9 +46,7 @@ def contenders(zk: KazooClient, root: str) -> list[str]:
 
 def client_of(task: Any) -> KazooClient:
     """The kazoo client the task's runs in this process take their locks with."""
-    options, _ = task._zklock_setup()
-    client: KazooClient = task._zklock_client(options)
-    return client
+    return task_client(task)
 
 
 def test_nested_run_leaves_the_outer_interruption_armed(app: Celery, zk_hosts: str) -> None:

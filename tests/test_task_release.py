@@ -15,7 +15,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import Lease, ZkLockTask, signals
-from celery_zklock import task as task_module
+from celery_zklock import run as run_module
 from tests.lockutil import expire_session, expire_session_id, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import contenders, workers
@@ -56,7 +56,7 @@ def test_lease_lost_before_the_body_started_is_released_and_retried(
     app: Celery, zk_hosts: str, zk_client: KazooClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lost: list[int] = []
-    real = task_module.ReadWriteLock
+    real = run_module.ReadWriteLock
 
     class LosingLock:
         def __init__(self, client: KazooClient, path: str) -> None:
@@ -64,7 +64,7 @@ def test_lease_lost_before_the_body_started_is_released_and_retried(
             self.read = _LosesTheFirstGrant(rw.read, client, zk_hosts, lost)
             self.write = _LosesTheFirstGrant(rw.write, client, zk_hosts, lost)
 
-    monkeypatch.setattr(task_module, "ReadWriteLock", LosingLock)
+    monkeypatch.setattr(run_module, "ReadWriteLock", LosingLock)
     runs: list[tuple[int, int]] = []
     released: list[int] = []
 
@@ -93,8 +93,7 @@ def test_lease_lost_before_the_body_started_is_released_and_retried(
     assert signal.getsignal(signal.SIGUSR2) is before  # the interruption was disarmed
     with pytest.raises(RuntimeError, match="only set inside the task body"):
         job.lock  # noqa: B018 - no lease of an ended run is left on the stack
-    options, _ = job._zklock_setup()
-    root = f"{app.conf.zklock_root}/{options.name}"
+    root = f"{app.conf.zklock_root}/{job._zklock_compile().options.name}"
     assert all(not zk_client.get_children(f"{root}/{key}") for key in zk_client.get_children(root))
 
 

@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_zklock import ZkLockTask, ZooKeeperUnavailable, is_skipped, signals
 from celery_zklock.testing.plugin import StackFactory
-from tests.lockutil import wait_for
+from tests.lockutil import task_client, wait_for
 from tests.workerproc import held_session, workers
 
 
@@ -68,8 +68,7 @@ def test_zookeeper_stopped_during_a_wait_is_unavailable_not_a_timeout_skip(
         leave.set()
         for thread in threads:
             thread.join(60)
-        options, _ = holder._zklock_setup()
-        holder._zklock_client(options).stop()
+        task_client(holder).stop()
     outcome = outcomes["waiter"]
     assert not is_skipped(outcome), "a ZooKeeper outage was taken for a lock timeout"
     assert isinstance(outcome, ZooKeeperUnavailable), outcome

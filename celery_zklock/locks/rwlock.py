@@ -27,4 +27,3 @@ class ReadWriteLock:
         self.read = Mutex(client, path, kind=READ)
         self.write = Mutex(client, path, kind=WRITE)
         self.path = self.read.path
-

@@ -1,0 +1,45 @@
+"""One call per lock event: the structured log line and, for the four public events, the signal.
+
+Every event is logged on the ``celery_zklock`` logger as ``zklock event=<name> k=v ...`` with the
+same fields in ``record.zklock`` (a dict) for structured handlers. ``acquired``, ``busy``,
+``lost`` and ``released`` also send their signal of :mod:`celery_zklock.signals` (sender = the
+task; keywords ``task_id``, ``path`` and the event's fields).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from celery.utils.dispatch import Signal
+
+from celery_zklock import signals
+
+logger = logging.getLogger("celery_zklock")
+
+SIGNALS: Final[dict[str, Signal]] = {
+    "acquired": signals.lock_acquired,
+    "busy": signals.lock_busy,
+    "lost": signals.lock_lost,
+    "released": signals.lock_released,
+}
+_WARNINGS: Final = frozenset({"lost", "duplicate-ignored"})
+
+
+def emit(task: Any, event: str, path: str, *, task_id: Any, **fields: Any) -> None:
+    """Log ``event`` of ``task``'s run ``task_id`` on lock ``path`` and send its signal.
+
+    ``task_id`` is explicit: the lost event is emitted from the lease clock's thread, where
+    ``task.request`` is not the run's.
+    """
+    record = {"task_id": task_id, **fields, "task": task.name, "path": path}
+    text = " ".join(
+        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+    )
+    level = logging.WARNING if event in _WARNINGS else logging.INFO
+    logger.log(
+        level, "zklock event=%s %s", event, text, extra={"zklock": {"event": event, **record}}
+    )
+    signal = SIGNALS.get(event)
+    if signal is not None:
+        signal.send(sender=task, task_id=task_id, path=path, **fields)

@@ -1,0 +1,238 @@
+"""One locked run of a ``ZkLockTask``: acquire under the policy, hold while the body runs, release.
+
+:class:`LockedRun` works out the call's options, lock path, lock side and identity once, then:
+
+1. **acquire**: a try-lock; when busy, the task's busy policy (:mod:`celery_zklock.policy`),
+   after :mod:`celery_zklock.delivery` has looked for another delivery of this very task in the
+   queue. ZooKeeper failing on the way is the ``unavailable`` situation, never a busy lock.
+2. **hold**: from the moment acquire returns a lease, a ``finally`` releases it. The lease is
+   announced, the body's interruption armed (:mod:`celery_zklock.interrupt`), and the body runs
+   with ``task.lock`` set - unless the lease was already lost.
+3. **release**, then the verdict: a lease lost at any point between grant and release (the body
+   interrupted, never started, or already returned) ends the run under ``lock_on_lost``, never
+   SUCCESS.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+
+from celery_zklock import delivery
+from celery_zklock.config import settings_of
+from celery_zklock.errors import LockLost, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.events import emit
+from celery_zklock.interrupt import Interruption, arm
+from celery_zklock.locks import Lease, Mutex, ReadWriteLock
+from celery_zklock.options import LockOptions, TaskLockSpec
+from celery_zklock.policy import Situation, decide, skip_result
+from celery_zklock.session import get_client
+
+QUEUE_READ_TIMEOUT: Final = 5.0
+"""Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
+
+_held = threading.local()
+
+
+def current_lease() -> Lease | None:
+    """The lease of the innermost locked body running on this thread (or greenlet), if any."""
+    stack: list[Lease] = getattr(_held, "stack", [])
+    return stack[-1] if stack else None
+
+
+class LockedRun:
+    """One call of a locked task; see the module docstring. Use once: :meth:`run`."""
+
+    def __init__(self, task: Any, spec: TaskLockSpec, overrides: Any, args: Any, kwargs: Any):
+        request = task.request
+        self.task = task
+        self.options: LockOptions = spec.for_call(overrides)
+        self.settings = settings_of(task.app)
+        self.path = f"{self.settings.root}/{self.options.name}/{spec.keys(args, kwargs)}"
+        self.task_id = request.id
+        self.in_worker = not (request.called_directly or request.is_eager)
+        self.lease: Lease | None = None
+        self.started = time.monotonic()
+        self.granted_at: float | None = None
+
+    def run(self, body: Callable[[], Any]) -> Any:
+        """Acquire, run ``body`` holding the lock, release; the task's result or a skip result."""
+        client = self._client()
+        rw = ReadWriteLock(client, self.path)
+        side = rw.write if self.options.mode == "exclusive" else rw.read
+        try:
+            skipped = self._acquire(client, side)
+            lease = self.lease  # from the moment acquire returned it, the finally releases it
+            if lease is None:
+                return skipped
+            self.granted_at = time.monotonic()
+            result = self._hold(lease, body)
+        finally:
+            self._release()
+        if lease.lost:
+            self._apply(
+                "lost",
+                self.options.on_lost,
+                f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
+                f"{lease.token}) was lost while the task ran: {lease.lost_reason}",
+            )
+        return result
+
+    # -- situations -----------------------------------------------------------------------
+    def _apply(
+        self,
+        situation: Situation,
+        policy: str,
+        message: str,
+        holder: Any = None,
+        cause: BaseException | None = None,
+    ) -> Any:
+        """Act on ``situation`` under ``policy``: a skip result, None for ``wait``, or raise."""
+        verdict = decide(situation, policy, in_worker=self.in_worker)
+        if verdict.action == "skip":
+            return skip_result(self.path, holder, situation)
+        if verdict.action == "wait":
+            return None
+        assert verdict.error is not None
+        error = verdict.error(message)
+        if verdict.action == "retry":
+            raise self.task.retry(exc=error, countdown=self.options.retry_countdown) from cause
+        raise error from cause
+
+    def _unavailable(self, message: str, cause: BaseException) -> NoReturn:
+        self._apply("unavailable", "retry", f"task {self.task.name!r}: {message}", cause=cause)
+        raise AssertionError("unreachable: the unavailable verdict always raises")
+
+    def _client(self) -> KazooClient:
+        config = self.settings.client
+        try:
+            return get_client(config)
+        except Exception as exc:
+            self._unavailable(
+                f"could not connect to ZooKeeper at {config.hosts!r} within "
+                f"{config.connect_timeout}s ({exc!r}); check zklock_hosts / ZKLOCK_HOSTS",
+                exc,
+            )
+
+    # -- acquire --------------------------------------------------------------------------
+    def _acquire(self, client: KazooClient, side: Mutex) -> Any:
+        """Take the lock into ``self.lease`` under the busy policy; else return a skip result."""
+        try:
+            return self._acquire_by_policy(client, side)
+        except (ZooKeeperUnavailable, KazooException) as exc:
+            self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
+
+    def _acquire_by_policy(self, client: KazooClient, side: Mutex) -> Any:
+        task, path = self.task, self.path
+        identity = delivery.identity(task)
+        request = task.request
+        retries = request.retries or 0
+        # A message handed out again may be a copy of a run that already finished.
+        settled = not (request.delivery_info or {}).get("redelivered")
+        while True:
+            self.lease = side.acquire(blocking=False, data=identity)
+            if self.lease is None:
+                queue = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT)
+                own = delivery.first_of_task(queue, self.task_id)
+                if own is not None and own.retries >= retries:
+                    settled = delivery.await_original(task, client, side, path, own, self._log)
+                    continue
+                skipped = self._when_busy(side, queue, identity, own is not None)
+                if self.lease is None:
+                    return skipped
+            elif side.kind == "read":  # granted beside other readers: is one of them ours?
+                ours = self.lease.node.rsplit("/", 1)[1]
+                ahead = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT, before=ours)
+                original = delivery.first_of_task(ahead, self.task_id)
+                if original is not None and original.retries >= retries:
+                    self.lease.release()  # never beside the original
+                    self.lease = None
+                    settled = delivery.await_original(task, client, side, path, original, self._log)
+                    continue
+            if not settled:
+                delivery.ignore_if_finished(task, path, self._log)
+            return None
+
+    def _when_busy(self, side: Mutex, queue: Any, identity: bytes, own: bool) -> Any:
+        """The busy policy: the lock into ``self.lease`` (wait), a skip result, or raise."""
+        policy: str = self.options.on_busy
+        if own:
+            policy = "wait"  # our own previous attempt is finishing its release
+            self._log("own-retry-waits", self.path, holder=self.task_id)
+        holder = delivery.blocker(queue, side.kind)
+        holder_id = holder.task_id if holder is not None else None
+        emit(self.task, "busy", self.path, task_id=self.task_id, policy=policy, holder=holder_id)
+        outcome = self._apply(
+            "busy",
+            policy,
+            f"task {self.task.name!r}: lock {self.path} is held by task {holder_id}",
+            holder_id,
+        )
+        if outcome is not None:
+            return outcome  # skipped
+        try:
+            self.lease = side.acquire(timeout=self.options.timeout, data=identity)
+            return None
+        except LockTimeout:
+            policy = self.options.on_timeout
+            self._log("timeout", self.path, policy=policy, holder=holder_id)
+            return self._apply(
+                "timeout",
+                policy,
+                f"task {self.task.name!r}: lock {self.path} not granted within "
+                f"{self.options.timeout}s (held by task {holder_id})",
+                holder_id,
+            )
+
+    # -- hold and release -----------------------------------------------------------------
+    def _hold(self, lease: Lease, body: Callable[[], Any]) -> Any:
+        """Announce the grant, arm the body's interruption and run it (None if lost)."""
+        task, task_id, path = self.task, self.task_id, self.path
+        waited = (self.granted_at or self.started) - self.started
+        emit(task, "acquired", path, task_id=task_id, token=lease.token, mode=self.options.mode,
+             waited=waited)  # fmt: skip
+        interruption: Interruption | None = None
+
+        def on_lost(reason: str) -> None:
+            # The lease clock's thread: interrupt first, then tell (log, receivers).
+            if interruption is not None:
+                interruption.fire(reason)
+            emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason)
+
+        stack: list[Lease] = _held.__dict__.setdefault("stack", [])
+        try:
+            stack.append(lease)
+            interruption = arm()
+            lease.on_lost(on_lost)
+            lease.check()  # lost before the body started (even during the receivers above)
+            return body()
+        except LockLost:
+            if not lease.lost:
+                raise  # the body's own LockLost (e.g. of a nested lock): not ours
+            return None
+        finally:
+            try:
+                if interruption is not None:
+                    interruption.disarm()
+            finally:
+                lease.remove_on_lost(on_lost)
+                if stack and stack[-1] is lease:
+                    stack.pop()
+
+    def _release(self) -> None:
+        lease = self.lease
+        if lease is None:
+            return
+        lease.release()
+        if self.granted_at is not None:  # announced: tell that it ended
+            held = time.monotonic() - self.granted_at
+            emit(self.task, "released", self.path, task_id=self.task_id, token=lease.token,
+                 held=held, lost=lease.lost)  # fmt: skip
+
+    def _log(self, event: str, path: str, **fields: Any) -> None:
+        emit(self.task, event, path, task_id=self.task_id, **fields)
