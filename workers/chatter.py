@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 from typing import Any, Final
 
 from celery.worker.control import control_command
 
-from celery_zklock.config import client_config, lock_root
+from celery_zklock.config import settings_of
 from celery_zklock.session import get_client
 
 __all__ = ["CHATTER_COMMAND", "IN_PROCESS_POOLS", "start_chatter", "stop_chatter"]
@@ -44,14 +43,6 @@ logger = logging.getLogger(__name__)
 
 _current: threading.Event | None = None
 _current_lock = threading.Lock()
-
-
-def _gevent_patched() -> bool:
-    if "gevent" not in sys.modules:
-        return False
-    from gevent import monkey
-
-    return bool(monkey.is_module_patched("socket"))
 
 
 def _pool_name(state: Any) -> str:
@@ -92,15 +83,15 @@ def zklock_chatter(state: Any, interval: float = 1.0, duration: float = 0.0) -> 
         return {"error": f"a {pool} worker runs its tasks in other processes", "pool": pool}
     if interval <= 0:
         return {"error": f"interval must be > 0, got {interval}", "pool": pool}
-    conf = state.app.conf
-    client = get_client(client_config(conf, handler="gevent" if _gevent_patched() else "threading"))
+    settings = settings_of(state.app)
+    client = get_client(settings.client)  # the very client the tasks use
     session_id = client.client_id[0] if client.client_id else None
     stop = threading.Event()
     with _current_lock:
         _current = stop
     thread = threading.Thread(
         target=_chatter,
-        args=(client, lock_root(conf), interval, time.monotonic() + duration, stop),
+        args=(client, settings.root, interval, time.monotonic() + duration, stop),
         name="zklock-chatter",
         daemon=True,
     )
