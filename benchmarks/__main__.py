@@ -41,6 +41,7 @@ from benchmarks.common import (
     zookeeper,
 )
 from benchmarks.report import render_markdown, targets
+from celery_zklock.validate import argument, positive_int
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SECTIONS = ("recipes", "contention", "herd", "celery", "scale")
@@ -96,12 +97,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=argument(positive_int),
         default=None,
         help=f"repetitions per figure, at least {MIN_REPEATS} (default 5)",
     )
     parser.add_argument(
-        "--scale-keys", type=int, default=None, help="distinct keys in the scale section"
+        "--scale-keys",
+        type=argument(positive_int),
+        default=None,
+        help="distinct keys in the scale section",
     )
     parser.add_argument(
         "--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON"
@@ -117,8 +121,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.sections = [s for s in SECTIONS if s in chosen]
     if args.repeats is not None and args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be at least {MIN_REPEATS} (medians over repetitions)")
-    if args.scale_keys is not None and args.scale_keys < 1:
-        parser.error("--scale-keys must be at least 1")
     return args
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.session import DEFAULT_SESSION_TIMEOUT, ClientConfig
+from celery_zklock.validate import seconds, znode_path
 
 DEFAULT_ROOT = "/zklock"
 DEFAULT_CONNECT_TIMEOUT = 5.0
@@ -24,24 +25,9 @@ def _setting(conf: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return value
 
 
-def _seconds(name: str, value: Any) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}") from None
-    if seconds <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return seconds
-
-
 def lock_root(conf: Mapping[str, Any]) -> str:
     """``zklock_root`` (env ``ZKLOCK_ROOT``): the znode under which task locks live."""
-    root = str(_setting(conf, "zklock_root", DEFAULT_ROOT)).rstrip("/")
-    if not root.startswith("/") or "//" in root:
-        raise ConfigurationError(
-            f"zklock_root must be an absolute znode path like '/zklock', got {root!r}"
-        )
-    return root
+    return znode_path("zklock_root", _setting(conf, "zklock_root", DEFAULT_ROOT))
 
 
 def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> ClientConfig:
@@ -65,13 +51,15 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
         ) from None
     config = ClientConfig(
         hosts=str(hosts).strip(),
-        session_timeout=_seconds(
+        session_timeout=seconds(
             "zklock_session_timeout",
             _setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
+            text=True,
         ),
-        connect_timeout=_seconds(
+        connect_timeout=seconds(
             "zklock_connect_timeout",
             _setting(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+            text=True,
         ),
         handler=handler,
         auth=auth_pairs,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder, LockKeySpec, check_lock_key_spec
+from celery_zklock.validate import forbidden_in_znode, seconds
 
 __all__ = [
     "CALL_OVERRIDES",
@@ -287,7 +287,7 @@ def check_lock_name(context: str, label: str, value: object, advice: str = "") -
     elif len(value) > MAX_LOCK_NAME_LENGTH:
         problem = f"is longer than {MAX_LOCK_NAME_LENGTH} characters"
     else:
-        bad = next((char for char in value if _forbidden_in_znode(char)), None)
+        bad = next((char for char in value if forbidden_in_znode(char)), None)
         if bad is not None:
             problem = f"contains the character U+{ord(bad):04X}"
     if problem is None:
@@ -295,14 +295,6 @@ def check_lock_name(context: str, label: str, value: object, advice: str = "") -
         return value
     raise ConfigurationError(
         f"{context}: {label}={_short_repr.repr(value)} {problem}; {advice}{rules}"
-    )
-
-
-def _forbidden_in_znode(char: str) -> bool:
-    # The ranges ZooKeeper's PathUtils.validatePath rejects.
-    code = ord(char)
-    return (
-        code <= 0x1F or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xF8FF or 0xFFF0 <= code <= 0xFFFF
     )
 
 
@@ -317,27 +309,15 @@ def _choice(context: str, label: str, value: object, allowed: tuple[_T, ...]) ->
 
 
 def _seconds(context: str, label: str, value: object) -> float:
-    """A finite number of seconds >= 0 as a float (``bool`` is not a number here)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            seconds = math.inf
-        if math.isfinite(seconds) and seconds >= 0:
-            return seconds
-    raise ConfigurationError(
-        f"{context}: {label}={_short_repr.repr(value)} is not valid; give a finite number of "
-        f"seconds >= 0"
-    )
+    return seconds(f"{context}: {label}", value, zero=True)
 
 
 def _timeout(context: str, label: str, value: object) -> float | None:
     if value is None:
         return None
-    try:
-        return _seconds(context, label, value)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc}, or None to wait without limit") from None
+    return seconds(
+        f"{context}: {label}", value, zero=True, advice=", or None to wait without limit"
+    )
 
 
 def _allowed_keys() -> str:

@@ -30,7 +30,9 @@ from typing import Any, Final
 from celery.worker.control import control_command
 
 from celery_zklock.config import settings_of
+from celery_zklock.errors import ConfigurationError
 from celery_zklock.session import get_client
+from celery_zklock.validate import seconds
 
 __all__ = ["CHATTER_COMMAND", "IN_PROCESS_POOLS", "start_chatter", "stop_chatter"]
 
@@ -81,8 +83,10 @@ def zklock_chatter(state: Any, interval: float = 1.0, duration: float = 0.0) -> 
         return {"ok": "stopped", "pool": pool}
     if pool not in IN_PROCESS_POOLS:
         return {"error": f"a {pool} worker runs its tasks in other processes", "pool": pool}
-    if interval <= 0:
-        return {"error": f"interval must be > 0, got {interval}", "pool": pool}
+    try:
+        seconds("interval", interval)
+    except ConfigurationError as exc:
+        return {"error": str(exc), "pool": pool}
     settings = settings_of(state.app)
     client = get_client(settings.client)  # the very client the tasks use
     session_id = client.client_id[0] if client.client_id else None

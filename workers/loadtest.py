@@ -72,6 +72,7 @@ from celery_zklock.testing import (
 )
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
+from celery_zklock.validate import argument, positive_int, seconds
 from workers.app import create_app
 from workers.chatter import IN_PROCESS_POOLS
 from workers.checker import RunReport, TaskOutcome, check_run
@@ -827,18 +828,8 @@ def config_from_args(
     )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
-    return value
+_positive_int = argument(positive_int)
+_seconds = argument(seconds, zero=True)
 
 
 def _ratio(text: str) -> float:

@@ -19,19 +19,20 @@ variable                      default  meaning
                                        another worker, ``> 0``; must exceed the longest task
 ============================= ======== ======================================================
 
-An empty variable counts as unset. :meth:`Settings.from_env` reports every bad or missing value
-at once in one :class:`SettingsError`; :meth:`Settings.to_env` is its inverse, for starting a
-worker subprocess with exactly these settings.
+An empty variable counts as unset. Every bad or missing value is reported at once, in one
+:class:`SettingsError`.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Final, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
 from urllib.parse import urlsplit
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.validate import positive_int, seconds, znode_path
 
 __all__ = ["POOLS", "REDIS_SCHEMES", "Settings", "SettingsError", "load_settings"]
 
@@ -70,19 +71,11 @@ class Settings:
     visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
 
     def __post_init__(self) -> None:
-        problems = _field_problems(
-            hosts=self.zk_hosts,
-            broker=self.broker_url,
-            backend=self.result_backend,
-            record=self.record_url,
-            pool=self.pool,
-            concurrency=self.concurrency,
-            session_timeout=self.session_timeout,
-            root=self.zk_root,
-            visibility_timeout=self.visibility_timeout,
-        )
+        values, problems = _checked({f.name: getattr(self, f.name) for f in fields(self)})
         if problems:
             raise SettingsError(problems)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -91,81 +84,31 @@ class Settings:
         Raises :class:`SettingsError` naming every missing or invalid variable.
         """
         env = os.environ if environ is None else environ
-
-        def get(name: str) -> str | None:
-            value = env.get(name, "").strip()
-            return value or None
-
-        problems: list[str] = []
-        hosts = get("ZKLOCK_HOSTS")
-        if hosts is None:
-            problems.append(
-                "ZKLOCK_HOSTS is not set: the ZooKeeper connection string, e.g. "
-                "'127.0.0.1:2181' or 'zk1:2181,zk2:2181,zk3:2181'"
-            )
-        broker = get("ZKLOCK_BROKER_URL")
-        if broker is None:
-            problems.append(
-                "ZKLOCK_BROKER_URL is not set: the Celery broker, e.g. 'redis://127.0.0.1:6379/0'"
-            )
-        concurrency = _parse(
-            get("ZKLOCK_CONCURRENCY"), int, DEFAULT_CONCURRENCY, problems,
-            "ZKLOCK_CONCURRENCY must be a whole number >= 1",
-        )  # fmt: skip
-        session_timeout = _parse(
-            get("ZKLOCK_SESSION_TIMEOUT"), float, DEFAULT_SESSION_TIMEOUT, problems,
-            "ZKLOCK_SESSION_TIMEOUT must be a number of seconds > 0",
-        )  # fmt: skip
-        visibility_timeout = _parse(
-            get("ZKLOCK_VISIBILITY_TIMEOUT"), float, DEFAULT_VISIBILITY_TIMEOUT, problems,
-            "ZKLOCK_VISIBILITY_TIMEOUT must be a number of seconds > 0",
-        )  # fmt: skip
-        backend = get("ZKLOCK_RESULT_BACKEND")
-        record = get("ZKLOCK_RECORD_URL")
-        pool = get("ZKLOCK_POOL") or DEFAULT_POOL
-        root = get("ZKLOCK_ROOT") or DEFAULT_ROOT
-        # Missing and unparsable values are None here: reported above, skipped below. An unset
-        # backend or record URL defaults to the broker URL, which is checked once, as the broker.
-        problems += _field_problems(
-            hosts=hosts,
-            broker=broker,
-            backend=backend,
-            record=record,
-            pool=pool,
-            concurrency=concurrency,
-            session_timeout=session_timeout,
-            root=root,
-            visibility_timeout=visibility_timeout,
-        )
-        if problems or hosts is None or broker is None:
-            raise SettingsError(problems)
-        # else a problem above
-        assert concurrency is not None and session_timeout is not None
-        assert visibility_timeout is not None
-        return cls(
-            zk_hosts=hosts,
-            broker_url=broker,
-            result_backend=backend or broker,
-            record_url=record or broker,
-            pool=pool,
-            concurrency=concurrency,
-            session_timeout=session_timeout,
-            zk_root=root,
-            visibility_timeout=visibility_timeout,
-        )
+        raw = {
+            field: text
+            for field, (variable, _) in _VARIABLES.items()
+            if (text := env.get(variable, "").strip())
+        }
+        problems = [
+            f"{_VARIABLES[field][0]} is not set: {example}"
+            for field, example in _REQUIRED.items()
+            if field not in raw
+        ]
+        # An unset backend or record URL follows the broker, which is checked once, as the broker.
+        values, more = _checked(raw, text=True)
+        if problems or more:
+            raise SettingsError(problems + more)
+        broker = values["broker_url"]
+        values.setdefault("result_backend", broker)
+        values.setdefault("record_url", broker)
+        return cls(**values)
 
     def to_env(self) -> dict[str, str]:
         """The ``ZKLOCK_*`` variables that :meth:`from_env` reads back as these settings."""
         return {
-            "ZKLOCK_HOSTS": self.zk_hosts,
-            "ZKLOCK_BROKER_URL": self.broker_url,
-            "ZKLOCK_RESULT_BACKEND": self.result_backend,
-            "ZKLOCK_RECORD_URL": self.record_url,
-            "ZKLOCK_POOL": self.pool,
-            "ZKLOCK_CONCURRENCY": str(self.concurrency),
-            "ZKLOCK_SESSION_TIMEOUT": repr(self.session_timeout),
-            "ZKLOCK_ROOT": self.zk_root,
-            "ZKLOCK_VISIBILITY_TIMEOUT": repr(self.visibility_timeout),
+            variable: repr(value) if isinstance(value, float) else str(value)
+            for field, (variable, _) in _VARIABLES.items()
+            if (value := getattr(self, field)) is not None
         }
 
 
@@ -174,116 +117,83 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     return Settings.from_env(environ)
 
 
-_N = TypeVar("_N", int, float)
-
-
-def _parse(
-    raw: str | None, kind: type[_N], default: _N, problems: list[str], message: str
-) -> _N | None:
-    """``raw`` converted with ``kind``; ``default`` if unset; None (and a problem) if bad."""
-    if raw is None:
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        problems.append(f"{message}, got {raw!r}")
-        return None
-
-
-def _field_problems(
-    *,
-    hosts: str | None,
-    broker: str | None,
-    backend: str | None,
-    record: str | None,
-    pool: str | None,
-    concurrency: int | None,
-    session_timeout: float | None,
-    root: str | None,
-    visibility_timeout: float | None,
-) -> list[str]:
-    """Every problem with the given values; a None value is skipped (reported elsewhere)."""
-    problems: list[str] = []
-    if hosts is not None:
-        problems += _check_hosts("ZKLOCK_HOSTS", hosts)
-    for name, url in (
-        ("ZKLOCK_BROKER_URL", broker),
-        ("ZKLOCK_RESULT_BACKEND", backend),
-        ("ZKLOCK_RECORD_URL", record),
-    ):
-        if url is not None:
-            problems += _check_redis_url(name, url)
-    if pool is not None:
-        problems += _check_pool(pool)
-    if concurrency is not None:
-        problems += _check_concurrency(concurrency)
-    if session_timeout is not None:
-        problems += _check_session_timeout(session_timeout)
-    if root is not None:
-        problems += _check_root(root)
-    if visibility_timeout is not None:
-        problems += _check_seconds("ZKLOCK_VISIBILITY_TIMEOUT", visibility_timeout)
-    return problems
-
-
 # ------------------------------------------------------------------------------------ checks
 
 
-def _check_hosts(name: str, hosts: str) -> list[str]:
+def _hosts(name: str, hosts: object, *, text: bool = False) -> str:
     """``host:port[,host:port...]`` with an optional ``/chroot`` after the last host."""
-    text, _, chroot = hosts.strip().partition("/")
+    if not isinstance(hosts, str):
+        raise ConfigurationError(f"{name} must be a connection string, got {hosts!r}")
+    addresses, _, chroot = hosts.strip().partition("/")
     problems: list[str] = []
     if chroot and (chroot.endswith("/") or "//" in chroot):
-        problems.append(f"{name}: bad chroot '/{chroot}' in {hosts!r}")
-    entries = text.split(",")
-    for entry in entries:
-        host, sep, port = entry.strip().rpartition(":")
-        if not entry.strip():
-            problems.append(f"{name}: empty host in {hosts!r}")
+        problems.append(f"bad chroot '/{chroot}'")
+    for entry in (e.strip() for e in addresses.split(",")):
+        host, sep, port = entry.rpartition(":")
+        if not entry:
+            problems.append("empty host")
         elif not sep or not host:
-            problems.append(f"{name}: {entry.strip()!r} is not host:port (in {hosts!r})")
+            problems.append(f"{entry!r} is not host:port")
         elif not port.isdigit() or not 0 < int(port) < 65536:
-            problems.append(f"{name}: bad port {port!r} in {hosts!r}")
-    return problems
+            problems.append(f"bad port {port!r}")
+    if problems:
+        raise ConfigurationError(f"{name}: {'; '.join(problems)} in {hosts!r}")
+    return hosts
 
 
-def _check_redis_url(name: str, url: str) -> list[str]:
+def _redis_url(name: str, url: object, *, text: bool = False) -> str:
+    if not isinstance(url, str):
+        raise ConfigurationError(f"{name} must be a Redis URL, got {url!r}")
     try:
         parts = urlsplit(url)
-        port = parts.port
+        parts.port  # noqa: B018  (parsed only to validate it)
     except ValueError as exc:
-        return [f"{name}: {url!r} is not a URL ({exc})"]
+        raise ConfigurationError(f"{name}: {url!r} is not a URL ({exc})") from None
     if parts.scheme not in REDIS_SCHEMES:
-        return [f"{name} must be a Redis URL (redis:// or rediss://), got {url!r}"]
+        raise ConfigurationError(f"{name} must be a Redis URL (redis:// or rediss://), got {url!r}")
     if not parts.hostname:
-        return [f"{name}: no host in {url!r}"]
-    del port  # parsed only to validate it
-    return []
+        raise ConfigurationError(f"{name}: no host in {url!r}")
+    return url
 
 
-def _check_pool(pool: str) -> list[str]:
+def _pool(name: str, pool: object, *, text: bool = False) -> str:
     if pool not in POOLS:
-        return [f"ZKLOCK_POOL must be one of {', '.join(POOLS)}; got {pool!r}"]
-    return []
+        raise ConfigurationError(f"{name} must be one of {', '.join(POOLS)}; got {pool!r}")
+    return str(pool)
 
 
-def _check_concurrency(concurrency: int) -> list[str]:
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        return [f"ZKLOCK_CONCURRENCY must be a whole number >= 1, got {concurrency!r}"]
-    return []
+def _path(name: str, path: object, *, text: bool = False) -> str:
+    return znode_path(name, path)
 
 
-def _check_session_timeout(seconds: float) -> list[str]:
-    return _check_seconds("ZKLOCK_SESSION_TIMEOUT", seconds)
+_VARIABLES: Final[Mapping[str, tuple[str, Callable[..., Any]]]] = {
+    "zk_hosts": ("ZKLOCK_HOSTS", _hosts),
+    "broker_url": ("ZKLOCK_BROKER_URL", _redis_url),
+    "result_backend": ("ZKLOCK_RESULT_BACKEND", _redis_url),
+    "record_url": ("ZKLOCK_RECORD_URL", _redis_url),
+    "pool": ("ZKLOCK_POOL", _pool),
+    "concurrency": ("ZKLOCK_CONCURRENCY", positive_int),
+    "session_timeout": ("ZKLOCK_SESSION_TIMEOUT", seconds),
+    "zk_root": ("ZKLOCK_ROOT", _path),
+    "visibility_timeout": ("ZKLOCK_VISIBILITY_TIMEOUT", seconds),
+}
+"""Settings field -> (its variable, the check that names it in a message)."""
+
+_REQUIRED: Final[Mapping[str, str]] = {
+    "zk_hosts": "the ZooKeeper connection string, e.g. '127.0.0.1:2181' or "
+    "'zk1:2181,zk2:2181,zk3:2181'",
+    "broker_url": "the Celery broker, e.g. 'redis://127.0.0.1:6379/0'",
+}
 
 
-def _check_seconds(name: str, seconds: float) -> list[str]:
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        return [f"{name} must be a number of seconds > 0, got {seconds!r}"]
-    return []
-
-
-def _check_root(root: str) -> list[str]:
-    if not root.startswith("/") or root == "/" or root.endswith("/") or "//" in root:
-        return [f"ZKLOCK_ROOT must be an absolute znode path like '/zklock', got {root!r}"]
-    return []
+def _checked(values: Mapping[str, object], text: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """The checked and normalised ``values`` (by field), and every problem found."""
+    checked: dict[str, Any] = {}
+    problems: list[str] = []
+    for field, value in values.items():
+        variable, check = _VARIABLES[field]
+        try:
+            checked[field] = check(variable, value, text=text)
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+    return checked, problems

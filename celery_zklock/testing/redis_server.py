@@ -35,6 +35,7 @@ from celery_zklock.testing.processes import (
     remove_temp_dir,
     tail,
 )
+from celery_zklock.validate import positive_int
 
 __all__ = ["APPENDFSYNC_POLICIES", "RedisServer"]
 
@@ -71,8 +72,7 @@ class RedisServer:
         appendfsync: str = "everysec",
         bind: Sequence[str] = (),
     ) -> None:
-        if start_attempts < 1:
-            raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
+        positive_int("start_attempts", start_attempts)
         if appendfsync not in APPENDFSYNC_POLICIES:
             raise ValueError(
                 f"appendfsync must be one of {', '.join(APPENDFSYNC_POLICIES)}, got {appendfsync!r}"

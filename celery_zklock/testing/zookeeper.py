@@ -52,6 +52,7 @@ from celery_zklock.testing.processes import (
     remove_temp_dir,
     tail,
 )
+from celery_zklock.validate import positive_int
 
 __all__ = [
     "ZooKeeperEnsemble",
@@ -131,24 +132,20 @@ class ZooKeeperOptions:
                 f"client_address must be one of {', '.join(CLIENT_ADDRESSES)}, "
                 f"got {self.client_address!r}"
             )
-        if self.tick_time_ms <= 0:
-            raise ValueError(f"tick_time_ms must be > 0, got {self.tick_time_ms}")
+        for name in (
+            "tick_time_ms",
+            "max_session_timeout_ms",
+            "container_check_interval_ms",
+            "container_max_per_minute",
+            "start_attempts",
+            "init_limit_ticks",
+            "sync_limit_ticks",
+        ):
+            positive_int(name, getattr(self, name))
         if self.max_session_timeout_ms < 2 * self.tick_time_ms:
             raise ValueError(
                 f"max_session_timeout_ms ({self.max_session_timeout_ms}) must be at least "
                 f"2 * tick_time_ms ({2 * self.tick_time_ms}), ZooKeeper's minimum session timeout"
-            )
-        if self.container_check_interval_ms <= 0 or self.container_max_per_minute <= 0:
-            raise ValueError(
-                "container_check_interval_ms and container_max_per_minute must be > 0, got "
-                f"{self.container_check_interval_ms} and {self.container_max_per_minute}"
-            )
-        if self.start_attempts < 1:
-            raise ValueError(f"start_attempts must be >= 1, got {self.start_attempts}")
-        if self.init_limit_ticks < 1 or self.sync_limit_ticks < 1:
-            raise ValueError(
-                "init_limit_ticks and sync_limit_ticks must be >= 1, got "
-                f"{self.init_limit_ticks} and {self.sync_limit_ticks}"
             )
         if isinstance(self.extra_jvm_flags, str):
             raise ValueError("extra_jvm_flags must be a sequence of flags, not one string")
