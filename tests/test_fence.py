@@ -11,7 +11,6 @@ import redis
 
 from celery_zklock import RedisFence
 from celery_zklock.fence import FenceOutcome, FenceStats
-from workers.record import FencedResource
 
 
 @pytest.fixture
@@ -84,19 +83,13 @@ def test_bad_tokens_and_namespaces_are_rejected_before_redis(
     assert fence.stats() == FenceStats(0, 0)
 
 
-def test_keys_share_the_namespace_hash_tag_and_the_older_api_sees_them(
-    fence: RedisFence, redis_client: redis.Redis
-) -> None:
+def test_keys_share_the_namespace_hash_tag(fence: RedisFence, redis_client: redis.Redis) -> None:
     fence.write("k", 5, "v")
     pattern = f"zklock:fence:{{{fence.namespace}}}:*"
     names = {n.decode() if isinstance(n, bytes) else n for n in redis_client.keys(pattern)}
     assert names == {
         f"zklock:fence:{{{fence.namespace}}}:{part}" for part in ("tokens", "values", "counters")
     }
-    older = FencedResource(redis_client, fence.namespace)
-    assert older.last_token("k") == 5
-    assert older.write("k", 4, "stale") is False
-    assert fence.stats() == FenceStats(accepted=1, refused=1)
 
 
 def test_the_script_survives_a_flushed_script_cache(

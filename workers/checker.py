@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from celery_zklock import is_skipped
+from celery_zklock.testing.exclusion import Exclusion
 from workers.record import FORCED_LOSS_KINDS, FaultRecord, Mode, SectionEvent
 
 __all__ = [
@@ -229,7 +230,7 @@ class _Section:
 @dataclass
 class _Replay:
     sections: dict[str, _Section] = field(default_factory=dict)
-    inside: dict[str, dict[str, _Section]] = field(default_factory=dict)
+    inside: Exclusion[_Section] = field(default_factory=Exclusion)
     highest_accepted: dict[str, int] = field(default_factory=dict)
     last_section: dict[str, _Section] = field(default_factory=dict)
     attempts: Counter[str] = field(default_factory=Counter)
@@ -260,39 +261,33 @@ class _Replay:
             self._write(event)
 
     def _killed(self, event: SectionEvent) -> None:
-        closed = 0
-        for holders in self.inside.values():
-            for holder, section in list(holders.items()):
-                if (section.enter.hostname, section.enter.pid) == (event.hostname, event.pid):
-                    section.end = "killed"
-                    del holders[holder]
-                    closed += 1
-        self.kill_times.append((event.time, closed))
+        closed = self.inside.close(lambda section: _same_process(section.enter, event))
+        for section in closed:
+            section.end = "killed"
+        self.kill_times.append((event.time, len(closed)))
 
     def _forced(self, event: SectionEvent) -> None:
-        for holders in self.inside.values():
-            for section in holders.values():
-                if (section.enter.hostname, section.enter.pid) == (event.hostname, event.pid):
-                    section.forced = True
+        for _, section in self.inside:
+            if _same_process(section.enter, event):
+                section.forced = True
 
     def _enter(self, position: int, event: SectionEvent) -> None:
         if event.holder in self.sections:
             self.malformed.append(f"#{position}: second enter of {event.holder}")
             return
-        holders = self.inside.setdefault(event.key, {})
-        conflicting = tuple(
-            s for s in holders.values() if event.mode == "exclusive" or s.enter.mode == "exclusive"
-        )
         section = _Section(event, self.highest_accepted.get(event.key))
-        self.sections[event.holder] = holders[event.holder] = section
+        self.sections[event.holder] = section
+        overlapped = self.inside.enter(event.key, event.holder, event.mode == "exclusive", section)
         self.last_section[event.task_id] = section
         self.attempts[event.task_id] += 1
         self.first_enter.setdefault(event.task_id, event.time)
-        if conflicting:
-            self.raw_overlaps.append((position, section, tuple((s, s.forced) for s in conflicting)))
+        if overlapped:
+            self.raw_overlaps.append(
+                (position, section, tuple((s, s.forced) for _, s in overlapped))
+            )
 
     def _exit(self, position: int, event: SectionEvent) -> None:
-        section = self.inside.get(event.key, {}).pop(event.holder, None)
+        section = self.inside.exit(event.key, event.holder)
         if section is None:
             self.malformed.append(f"#{position}: exit of {event.holder} without an open enter")
             return
@@ -316,6 +311,10 @@ class _Replay:
         self.highest_accepted[event.key] = max(
             event.token, self.highest_accepted.get(event.key, event.token)
         )
+
+
+def _same_process(a: SectionEvent, b: SectionEvent) -> bool:
+    return (a.hostname, a.pid) == (b.hostname, b.pid)
 
 
 def check_run(

@@ -1,51 +1,28 @@
-"""What the fleet's critical sections and fault injections leave behind in Redis.
+"""What a fleet run leaves in Redis: its section events and its fault records.
 
-**Section records.** A locked task appends ``enter`` right after its lock is granted, ``write``
-after its fenced write, and ``exit`` right before its lock is released (with how the section
-ended: ``outcome``), each one JSON :class:`SectionEvent` pushed (``RPUSH``) to the list
-``zklock:run:<run_id>:events``. A fault injector that kills a worker process appends a
-``killed`` event to the same list (:meth:`SectionRecorder.record_kill`), and one that takes a
-process's leases away where no lease clock can see it coming appends ``paused`` (SIGSTOP) or
-``expired`` (its session closed on the server) (:meth:`SectionRecorder.record_forced_loss`).
-Redis runs commands one
-at a time, so the list is a total order of those events, whatever host or clock they came from:
-if two sections really never overlapped, the first one's ``exit`` precedes the second one's
-``enter`` in the list. :mod:`workers.checker` replays it. A clean history proves nothing about
-runs not recorded.
-
-**Fault records.** :class:`FaultLog` keeps what a fault injector did during a run
-(:class:`FaultRecord`), in the list ``zklock:run:<run_id>:faults``.
-
-**The fence** the sections write through is :class:`celery_zklock.fence.RedisFence`;
-:class:`FencedResource` and :func:`check_sections` are the older API, kept for
-:mod:`workers.demo` until it moves to :class:`~celery_zklock.fence.RedisFence` and
-:func:`workers.checker.check_run`.
+A locked task appends ``enter`` once granted, ``write`` after its fenced write and ``exit``
+before it releases; a fault injector appends ``killed``, ``paused`` or ``expired`` for a process
+it took the leases of. Each is one ``RPUSH`` of a JSON :class:`SectionEvent` to
+``zklock:run:<run_id>:events``, so the list is one total order, whatever host or clock wrote it:
+:mod:`workers.checker` replays it. :class:`FaultLog` keeps the injector's :class:`FaultRecord`
+list in ``zklock:run:<run_id>:faults``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal, get_args
-
-from celery_zklock.fence import FenceOutcome, FenceStats, RedisFence
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
 __all__ = [
     "FAULT_KINDS",
     "FORCED_LOSS_KINDS",
     "FaultLog",
     "FaultRecord",
-    "FenceOutcome",
-    "FenceStats",
-    "FencedResource",
-    "KeyStats",
     "Mode",
-    "Overlap",
     "SectionEvent",
     "SectionRecorder",
-    "SectionReport",
-    "check_sections",
     "events_key",
     "faults_key",
 ]
@@ -69,6 +46,14 @@ FORCED_LOSS_KINDS: Final[tuple[EventKind, ...]] = ("paused", "expired")
 
 # The Redis client is untyped (redis-py has no stubs here): ``Any`` keeps that honest.
 RedisClient = Any
+_D = TypeVar("_D")
+
+
+class _Record(Protocol):
+    def to_json(self) -> str: ...
+
+
+_R = TypeVar("_R", bound=_Record)
 
 
 # ----------------------------------------------------------------------------------- records
@@ -138,26 +123,35 @@ class SectionEvent:
     @classmethod
     def from_json(cls, text: str | bytes) -> SectionEvent:
         """Parse :meth:`to_json`'s output (or an older record); raises ValueError otherwise."""
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"a section event is a JSON object, got {text!r}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"not a section event: {text!r} ({exc})") from None
+        return _from_json(cls, text, "a section event")
 
 
-class SectionRecorder:
+class _RedisList(Generic[_R]):
+    """A run's list of records in Redis, appended with one ``RPUSH`` each (atomic, ordered
+    after every earlier append), read back oldest first."""
+
+    def __init__(self, redis: RedisClient, run_id: str, key: str) -> None:
+        self.run_id = run_id
+        self.key = key
+        self._redis = redis
+
+    def record(self, record: _R) -> None:
+        """Append ``record``."""
+        self._redis.rpush(self.key, record.to_json())
+
+    def _read(self, parse: Callable[[bytes], _R]) -> list[_R]:
+        return [parse(raw) for raw in self._redis.lrange(self.key, 0, -1)]
+
+    def clear(self) -> None:
+        """Delete the run's list."""
+        self._redis.delete(self.key)
+
+
+class SectionRecorder(_RedisList[SectionEvent]):
     """Appends a run's :class:`SectionEvent` records to Redis and reads them back."""
 
     def __init__(self, redis: RedisClient, run_id: str) -> None:
-        self.run_id = run_id
-        self.key = events_key(run_id)
-        self._redis = redis
-
-    def record(self, event: SectionEvent) -> None:
-        """Append ``event`` (one ``RPUSH``: atomic, ordered after every earlier append)."""
-        self._redis.rpush(self.key, event.to_json())
+        super().__init__(redis, run_id, events_key(run_id))
 
     def record_kill(self, hostname: str, pid: int, time: float) -> None:
         """Append a ``killed`` event: process ``pid`` of ``hostname`` is dead as of now.
@@ -196,11 +190,7 @@ class SectionRecorder:
 
     def events(self) -> list[SectionEvent]:
         """Every event of the run, in the order Redis received them."""
-        return [SectionEvent.from_json(raw) for raw in self._redis.lrange(self.key, 0, -1)]
-
-    def clear(self) -> None:
-        """Delete the run's events."""
-        self._redis.delete(self.key)
+        return self._read(SectionEvent.from_json)
 
 
 # ------------------------------------------------------------------------------------ faults
@@ -231,198 +221,25 @@ class FaultRecord:
     @classmethod
     def from_json(cls, text: str | bytes) -> FaultRecord:
         """Parse :meth:`to_json`'s output; raises ValueError on anything else."""
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"a fault record is a JSON object, got {text!r}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"not a fault record: {text!r} ({exc})") from None
+        return _from_json(cls, text, "a fault record")
 
 
-class FaultLog:
+class FaultLog(_RedisList[FaultRecord]):
     """A run's :class:`FaultRecord` list in Redis, in the order they were recorded."""
 
     def __init__(self, redis: RedisClient, run_id: str) -> None:
-        self.run_id = run_id
-        self.key = faults_key(run_id)
-        self._redis = redis
-
-    def record(self, fault: FaultRecord) -> None:
-        """Append ``fault`` (one ``RPUSH``)."""
-        self._redis.rpush(self.key, fault.to_json())
+        super().__init__(redis, run_id, faults_key(run_id))
 
     def records(self) -> list[FaultRecord]:
         """Every fault recorded for the run, oldest first."""
-        return [FaultRecord.from_json(raw) for raw in self._redis.lrange(self.key, 0, -1)]
-
-    def clear(self) -> None:
-        """Delete the run's fault records."""
-        self._redis.delete(self.key)
+        return self._read(FaultRecord.from_json)
 
 
-# ------------------------------------------------------------------------- older fence API
-
-
-class FencedResource:
-    """The older name of :class:`celery_zklock.fence.RedisFence`, with a boolean :meth:`write`.
-
-    Same Redis keys as a :class:`~celery_zklock.fence.RedisFence` of the same namespace.
-    """
-
-    def __init__(self, redis: RedisClient, namespace: str) -> None:
-        self.fence = RedisFence(redis, namespace)
-        self.namespace = namespace
-
-    def write(self, key: str, token: int, value: str) -> bool:
-        """True if the fence accepted the write (see :meth:`RedisFence.write`)."""
-        return self.fence.write(key, token, value).accepted
-
-    def write_outcome(self, key: str, token: int, value: str) -> FenceOutcome:
-        """:meth:`RedisFence.write`."""
-        return self.fence.write(key, token, value)
-
-    def last_token(self, key: str) -> int | None:
-        return self.fence.last_token(key)
-
-    def value(self, key: str) -> str | None:
-        return self.fence.value(key)
-
-    def stats(self) -> FenceStats:
-        return self.fence.stats()
-
-    def clear(self) -> None:
-        self.fence.clear()
-
-
-# ---------------------------------------------------------------------------- older checker
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """A section entered while a conflicting one was inside: a mutual-exclusion violation."""
-
-    key: str
-    position: int
-    """Index of the offending ``enter`` in the event list."""
-    entering: str
-    entering_mode: Mode
-    inside: tuple[tuple[str, Mode], ...]
-    """The holders (and their modes) inside when it entered."""
-
-
-@dataclass
-class KeyStats:
-    """Per key: sections seen and the most holders inside at once, by mode."""
-
-    sections: int = 0
-    exclusive_sections: int = 0
-    shared_sections: int = 0
-    max_exclusive: int = 0
-    max_shared: int = 0
-
-
-@dataclass(frozen=True)
-class SectionReport:
-    """What :func:`check_sections` found in one history."""
-
-    keys: Mapping[str, KeyStats]
-    overlaps: tuple[Overlap, ...]
-    open_sections: tuple[str, ...]
-    """Holders that entered and never exited (a crash, or the run is still going)."""
-    malformed: tuple[str, ...]
-    """Events that contradict the protocol: an exit without enter, a second enter."""
-    writes_accepted: int
-    writes_refused: Mapping[Mode, int]
-    stale_writes_accepted: tuple[SectionEvent, ...]
-    """Accepted writes whose token was lower than the key's previous accepted token."""
-    hold_seconds: tuple[float, ...]
-    """Enter-to-exit time of each closed section (one host's clock)."""
-    closed_task_ids: frozenset[str] = field(default_factory=frozenset)
-
-    @property
-    def violations(self) -> int:
-        """Number of sections that entered while a conflicting section was inside."""
-        return len(self.overlaps)
-
-
-def check_sections(events: Iterable[SectionEvent]) -> SectionReport:
-    """Replay ``events`` in order and report overlaps, open sections and stale writes.
-
-    Per key, an ``exclusive`` section may not enter while any section is inside; a ``shared``
-    one may not enter while an ``exclusive`` one is inside. Shared sections may overlap each
-    other, so their refused writes (a concurrent reader with a higher token wrote first) are
-    expected and counted apart from exclusive ones. A ``killed`` event closes the sections of
-    its process. Every overlap counts, also one with a holder whose lock was lost:
-    :func:`workers.checker.check_run` tells those apart.
-    """
-    inside: dict[str, dict[str, SectionEvent]] = {}
-    keys: dict[str, KeyStats] = {}
-    overlaps: list[Overlap] = []
-    malformed: list[str] = []
-    holds: list[float] = []
-    closed: set[str] = set()
-    accepted = 0
-    refused: dict[Mode, int] = {mode: 0 for mode in MODES}
-    stale: list[SectionEvent] = []
-    for position, event in enumerate(events):
-        if event.kind == "killed":
-            for open_here in inside.values():
-                for holder, opened in list(open_here.items()):
-                    if (opened.hostname, opened.pid) == (event.hostname, event.pid):
-                        del open_here[holder]
-            continue
-        if event.kind in FORCED_LOSS_KINDS:
-            continue  # every overlap counts here
-        holders = inside.setdefault(event.key, {})
-        stats = keys.setdefault(event.key, KeyStats())
-        if event.kind == "enter":
-            if event.holder in holders:
-                malformed.append(f"#{position}: second enter of {event.holder}")
-                continue
-            conflicting = [
-                (holder, e.mode)
-                for holder, e in holders.items()
-                if event.mode == "exclusive" or e.mode == "exclusive"
-            ]
-            if conflicting:
-                overlaps.append(
-                    Overlap(event.key, position, event.holder, event.mode, tuple(conflicting))
-                )
-            holders[event.holder] = event
-            _count_entry(stats, holders, event.mode)
-        elif event.kind == "exit":
-            entered = holders.pop(event.holder, None)
-            if entered is None:
-                malformed.append(f"#{position}: exit of {event.holder} without an enter")
-                continue
-            holds.append(max(0.0, event.time - entered.time))
-            closed.add(event.task_id)
-        elif event.accepted:
-            accepted += 1
-            if event.previous_token is not None and event.token < event.previous_token:
-                stale.append(event)
-        else:
-            refused[event.mode] += 1
-    return SectionReport(
-        keys=keys,
-        overlaps=tuple(overlaps),
-        open_sections=tuple(h for holders in inside.values() for h in holders),
-        malformed=tuple(malformed),
-        writes_accepted=accepted,
-        writes_refused=refused,
-        stale_writes_accepted=tuple(stale),
-        hold_seconds=tuple(holds),
-        closed_task_ids=frozenset(closed),
-    )
-
-
-def _count_entry(stats: KeyStats, holders: Mapping[str, SectionEvent], mode: Mode) -> None:
-    stats.sections += 1
-    if mode == "exclusive":
-        stats.exclusive_sections += 1
-    else:
-        stats.shared_sections += 1
-    modes = [e.mode for e in holders.values()]
-    stats.max_exclusive = max(stats.max_exclusive, modes.count("exclusive"))
-    stats.max_shared = max(stats.max_shared, modes.count("shared"))
+def _from_json(kind: type[_D], text: str | bytes, what: str) -> _D:
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} is a JSON object, got {text!r}")
+    try:
+        return kind(**data)
+    except TypeError as exc:
+        raise ValueError(f"not {what}: {text!r} ({exc})") from None

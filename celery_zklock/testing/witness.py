@@ -25,6 +25,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from celery_zklock.testing.exclusion import Exclusion
+
 Mode = Literal["read", "write"]
 
 _MODES: frozenset[str] = frozenset(("read", "write"))
@@ -110,7 +112,8 @@ class Witness:
 class Overlap:
     """An ``enter`` (at 1-based ``line_no``) that found conflicting holders inside.
 
-    ``inside`` lists every holder inside at that moment, in the order they entered.
+    ``inside`` lists the holders inside at that moment that it overlaps (every one, for a
+    writer; the writers, for a reader), in the order they entered.
     """
 
     line_no: int
@@ -148,49 +151,35 @@ def check_witness(path: str | os.PathLike[str]) -> WitnessReport:
     ``enter``), and an ``enter`` by a holder already inside. Those are bugs of the test or of
     the writer, not of the lock, so they are not reported as overlaps.
     """
+    name = os.fspath(path)
     with open(path, encoding="utf-8", newline="") as f:
         text = f.read()
     if text and not text.endswith("\n"):
-        raise ValueError(f"{os.fspath(path)}: last line is not terminated by a newline")
-
-    inside: dict[str, str] = {}  # holder -> mode; dicts keep entry order
-    readers = 0
-    writers = 0
+        raise ValueError(f"{name}: last line is not terminated by a newline")
+    inside: Exclusion[str] = Exclusion()  # one key; each section keeps its mode
     sections = 0
     max_readers = 0
     overlaps: list[Overlap] = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         parts = line.split(" ")
         if len(parts) != 3 or parts[0] not in _KINDS or parts[2] not in _MODES or not parts[1]:
-            raise ValueError(f"{os.fspath(path)}:{line_no}: malformed witness line {line!r}")
+            raise ValueError(f"{name}:{line_no}: malformed witness line {line!r}")
         kind, holder, mode = parts
         if kind == "enter":
-            if holder in inside:
-                raise ValueError(
-                    f"{os.fspath(path)}:{line_no}: {holder!r} entered again while inside"
-                )
-            if (mode == "write" and inside) or (mode == "read" and writers):
-                overlaps.append(Overlap(line_no, holder, mode, tuple(inside)))
-            inside[holder] = mode
-            if mode == "read":
-                readers += 1
-                max_readers = max(max_readers, readers)
-            else:
-                writers += 1
-        else:
-            entered = inside.pop(holder, None)
-            if entered is None:
-                raise ValueError(f"{os.fspath(path)}:{line_no}: exit of {holder!r} without enter")
-            if entered != mode:
-                raise ValueError(
-                    f"{os.fspath(path)}:{line_no}: {holder!r} entered as {entered} "
-                    f"but exited as {mode}"
-                )
-            if mode == "read":
-                readers -= 1
-            else:
-                writers -= 1
-            sections += 1
-    return WitnessReport(
-        sections=sections, max_readers=max_readers, overlaps=overlaps, unfinished=list(inside)
-    )
+            try:
+                overlapped = inside.enter("", holder, mode == "write", mode)
+            except ValueError as exc:
+                raise ValueError(f"{name}:{line_no}: {exc}") from None
+            if overlapped:
+                overlaps.append(Overlap(line_no, holder, mode, tuple(h for h, _ in overlapped)))
+            max_readers = max(max_readers, inside.shared(""))
+            continue
+        entered = inside.exit("", holder)
+        if entered is None:
+            raise ValueError(f"{name}:{line_no}: exit of {holder!r} without enter")
+        if entered != mode:
+            raise ValueError(
+                f"{name}:{line_no}: {holder!r} entered as {entered} but exited as {mode}"
+            )
+        sections += 1
+    return WitnessReport(sections, max_readers, overlaps, unfinished=inside.holders(""))
