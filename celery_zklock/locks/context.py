@@ -418,12 +418,14 @@ class ClientContext:
                 failed = False
                 timeout = self.timing.idle_gap
                 for parent, prefix in pending:
+                    what = f"removing orphans under {parent}"
                     try:
-                        for child in client.get_children_async(parent).get(timeout=timeout):
+                        listing = client.get_children_async(parent)
+                        for child in wait_result(listing, Deadline(timeout), what):
                             if child.startswith(prefix):
                                 node = f"{parent}/{child}"
                                 try:
-                                    client.delete_async(node).get(timeout=timeout)
+                                    wait_result(client.delete_async(node), Deadline(timeout), what)
                                     logger.info("removed orphaned contender %s", node)
                                 except NoNodeError:
                                     pass
