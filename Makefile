@@ -11,7 +11,7 @@ test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: system-deps $(STAMP)
-	$(BIN)/celery-zklock demo
+	$(BIN)/python -m workers demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,22 +1,21 @@
-"""The ``celery-zklock`` command line.
-
-Subcommands are :class:`Subcommand` entries: a name, a one-line help, a function that adds its
-arguments to its parser and a function that runs it and returns the exit status. The built-in
-ones are listed in ``_BUILTIN``; a subcommand that lives in its own module exposes
-``COMMAND = Subcommand(...)`` there and adds the module's dotted path to
-``SUBCOMMAND_MODULES`` (imported only when the parser is built).
+"""The ``celery-zklock`` command line: the library's own commands.
 
 ``celery-zklock stack up [--zk-nodes N] [--no-redis]`` runs ZooKeeper (and Redis) in the
 foreground, prints ``export ZKLOCK_HOSTS=...`` / ``export ZKLOCK_BROKER_URL=...`` lines and
 waits; SIGINT (Ctrl-C) or SIGTERM stops everything and exits 0. If every ZooKeeper node or the
 Redis server dies on its own, it stops the rest and exits 1.
+
+Each subcommand is a :class:`Subcommand` (a name, a one-line help, a function that adds its
+arguments to its parser and one that runs it and returns the exit status), listed in
+``COMMANDS``. The repository's worker fleet has its own entry point, ``python -m workers
+worker|demo|loadtest``, built from the same :class:`Subcommand` shape; this module imports
+nothing from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import select
 import signal
@@ -27,22 +26,17 @@ from types import FrameType
 
 from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
 
-__all__ = ["SUBCOMMAND_MODULES", "Subcommand", "build_parser", "main"]
+__all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
 
 
 @dataclass(frozen=True)
 class Subcommand:
-    """One ``celery-zklock <name>`` subcommand."""
+    """One subcommand: ``celery-zklock <name>`` (or ``python -m workers <name>``, the fleet's)."""
 
     name: str
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
-
-
-# Modules that each define ``COMMAND: Subcommand``; e.g. "celery_zklock.demo" for `demo` and
-# "celery_zklock.loadtest" for `loadtest` go here.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("workers.demo", "workers.loadtest")
 
 
 # ------------------------------------------------------------------------------------- stack
@@ -173,9 +167,9 @@ def _health_problem(
     return None
 
 
-# ---------------------------------------------------------------------------------- registry
+# ---------------------------------------------------------------------------------- commands
 
-_BUILTIN: tuple[Subcommand, ...] = (
+COMMANDS: tuple[Subcommand, ...] = (
     Subcommand(
         name="stack",
         help="run the local ZooKeeper/Redis stack",
@@ -183,25 +177,16 @@ _BUILTIN: tuple[Subcommand, ...] = (
         run=_run_stack,
     ),
 )
-
-
-def _subcommands() -> list[Subcommand]:
-    commands = list(_BUILTIN)
-    for module_name in SUBCOMMAND_MODULES:
-        command = importlib.import_module(module_name).COMMAND
-        if not isinstance(command, Subcommand):
-            raise TypeError(f"{module_name}.COMMAND must be a celery_zklock.cli.Subcommand")
-        commands.append(command)
-    return commands
+"""The subcommands of ``celery-zklock``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
+    """The argument parser of ``celery-zklock``."""
     parser = argparse.ArgumentParser(
         prog="celery-zklock", description="Celery tasks under ZooKeeper locks."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in _subcommands():
+    for command in COMMANDS:
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub)
         sub.set_defaults(_run=command.run)
@@ -216,8 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy: subcommand modules build their
-    # Subcommand from celery_zklock.cli, which must be the same class the registry checks.
-    from celery_zklock.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

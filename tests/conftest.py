@@ -1,4 +1,5 @@
-"""Fixtures of the task tests that run real `celery worker` subprocesses (tests.taskapp)."""
+"""The stack fixtures (the library's opt-in pytest plugin), and those of the task tests that run
+real `celery worker` subprocesses (tests.taskapp)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
+
+pytest_plugins = ["celery_zklock.testing.plugin"]
 
 SESSION_TIMEOUT = 4.0
 """The workers' ZooKeeper session timeout (seconds): short, so expiry-based tests are quick."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import re
@@ -11,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,21 +178,14 @@ def test_stack_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--zk-nodes" in capsys.readouterr().err
 
 
-def test_subcommands_from_other_modules_are_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("zklock_fake_subcommand")
-    calls: list[argparse.Namespace] = []
-
-    def configure(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--times", type=int, default=1)
-
-    def run(args: argparse.Namespace) -> int:
-        calls.append(args)
-        return 7
-
-    module.COMMAND = cli.Subcommand("fake", "a fake subcommand", configure, run)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", (module.__name__,))
-    help_text = build_parser().format_help()
-    assert "stack" in help_text and "fake" in help_text
-    assert main(["fake", "--times", "3"]) == 7
-    assert calls[0].times == 3
+def test_the_library_cli_has_only_the_library_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The fleet's demo and loadtest are `python -m workers ...` (tests/test_demo.py).
+    assert [command.name for command in cli.COMMANDS] == ["stack"]
+    assert "stack" in build_parser().format_help()
+    for argv in (["demo"], ["loadtest"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+    assert "invalid choice: 'demo'" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def test_published_ports_are_loopback_only_and_distinct(config: dict[str, Any]) 
 
 def test_worker_service_scales(config: dict[str, Any]) -> None:
     worker = config["services"]["worker"]
-    assert _command(worker) == ["python", "-m", "workers"]
+    assert _command(worker) == ["python", "-m", "workers", "worker"]
     assert "container_name" not in worker
     assert not worker.get("ports"), "a fixed host port would stop --scale worker=N"
 
@@ -226,3 +227,37 @@ def test_dockerfile_installs_the_project() -> None:
             for source in sources:
                 if "*" not in source:
                     assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+    # The library's wheel holds no `workers`: the image runs the fleet from a folder on its path.
+    assert _fleet_dir(text).startswith("/")
+    assert re.search(r'^CMD \["python", "-m", "workers", "worker"\]$', text, re.MULTILINE)
+
+
+def _fleet_dir(dockerfile: str) -> str:
+    """The directory the Dockerfile copies ``workers`` into, checked to be its PYTHONPATH."""
+    copied = re.search(r"^COPY workers (\S+)/workers/?$", dockerfile, re.MULTILINE)
+    path = re.search(r"^ENV PYTHONPATH=(\S+)$", dockerfile, re.MULTILINE)
+    assert copied and path, "the Dockerfile must copy workers/ into a folder on PYTHONPATH"
+    assert copied.group(1) == path.group(1)
+    return copied.group(1)
+
+
+def test_the_image_layout_runs_the_fleet_from_its_path(tmp_path: Path) -> None:
+    # The image's layout without Docker: workers/ copied into the Dockerfile's fleet folder, run
+    # from another directory with only that folder on PYTHONPATH (the library is installed).
+    fleet = tmp_path / _fleet_dir(DOCKERFILE.read_text(encoding="utf-8")).lstrip("/")
+    shutil.copytree(ROOT / "workers", fleet / "workers")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZKLOCK_")}
+    env["PYTHONPATH"] = str(fleet)
+    found = subprocess.run(
+        [sys.executable, "-c", "import workers; print(workers.__file__)"],
+        cwd=home, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert Path(found.stdout.strip()).parent == fleet / "workers"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", "worker"],
+        cwd=home, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr  # it ran, and asks for its settings
+    assert "ZKLOCK_HOSTS is not set" in done.stderr

@@ -15,9 +15,14 @@ import pytest
 import redis
 from celery.utils import worker_direct
 
-from celery_zklock import cli
 from workers import demo
-from workers.__main__ import effective_pool, worker_argv, worker_command
+from workers.__main__ import (
+    build_parser,
+    effective_pool,
+    main,
+    worker_argv,
+    worker_command,
+)
 from workers.app import celery_config, create_app
 from workers.checker import check_run
 from workers.fleet import Fleet, WorkerSpec, descendants, pid_alive
@@ -25,6 +30,8 @@ from workers.loadtest import config_from_args
 from workers.record import SectionRecorder
 from workers.settings import Settings, SettingsError
 from workers.tasks import SHARED_TASK
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------- settings
 
@@ -106,7 +113,7 @@ def test_worker_command_line_uses_the_settings_and_appends_extras() -> None:
     assert argv[argv.index("--concurrency") + 1] == "50"
     assert {"--without-mingle", "--without-gossip", "--without-heartbeat"} <= set(argv)
     assert argv[-2:] == ["-n", "w1@%h"]
-    assert worker_command(["-c", "2"]) == [sys.executable, "-m", "workers", "-c", "2"]
+    assert worker_command(["-c", "2"]) == [sys.executable, "-m", "workers", "worker", "-c", "2"]
 
 
 @pytest.mark.parametrize(
@@ -122,16 +129,33 @@ def test_effective_pool_is_the_last_pool_option(argv: list[str], pool: str) -> N
     assert effective_pool(argv) == pool
 
 
-def test_demo_subcommand_plugs_into_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMAND_MODULES", ("workers.demo",))
-    args = cli.build_parser().parse_args(["demo", "--tasks", "3", "--keep-logs"])
-    assert args._run is demo.COMMAND.run
+def test_demo_is_a_fleet_subcommand() -> None:
+    args = build_parser().parse_args(["demo", "--tasks", "3", "--keep-logs"])
+    assert args._command is demo.COMMAND
     config = config_from_args(args, "demo")
     assert config == replace(demo.DEMO, tasks=3, keep_logs=True)
     # The demo's defaults: about a minute, every fault that needs neither an ensemble nor root.
     assert set(demo.DEMO.faults) == {"kill", "pause", "expire", "redis_restart"}
     assert {"prefork", "threads"} <= set(demo.DEMO.pools)
     assert 0 < demo.DEMO.shared_ratio < 1 and 0 < demo.DEMO.skip_ratio < 1
+
+
+def test_python_m_workers_usage_errors_exit_2_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (
+        [],
+        ["nonsense"],
+        ["demo", "--tasks", "0"],
+        ["loadtest", "--broker", "redis://h/0"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "--zk-hosts and --broker go together" in err
+    assert "invalid choice: 'nonsense'" in err
+    assert all(f"'{name}'" in err for name in ("worker", "demo", "loadtest"))  # the choices
 
 
 def test_fleet_config_redelivers_what_a_dead_worker_held() -> None:
@@ -148,8 +172,9 @@ def test_fleet_config_redelivers_what_a_dead_worker_held() -> None:
 def test_python_m_workers_names_missing_settings_and_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZKLOCK_")}
     done = subprocess.run(
-        worker_command(), env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+        worker_command(), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
     assert done.returncode == 2
     assert "ZKLOCK_HOSTS is not set" in done.stderr
     assert "ZKLOCK_BROKER_URL is not set" in done.stderr

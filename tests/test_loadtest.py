@@ -1,7 +1,7 @@
-"""`celery-zklock loadtest`: its options, its workload, and whole runs on real processes: a quick
-one without faults, and a CI-sized one with every fault kind three times over a 3-node ensemble
-with prefork and threads workers (blackhole and follower_partition included: the lease-safety
-faults of issue 10)."""
+"""`python -m workers loadtest`: its options, its workload, and whole runs on real processes: a
+quick one without faults, and a CI-sized one with every fault kind three times over a 3-node
+ensemble with prefork and threads workers (blackhole and follower_partition included: the
+lease-safety faults of issue 10)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from celery_zklock import cli
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
+from workers import __main__ as fleet_cli
 from workers import loadtest
 from workers.loadtest import (
     LoadConfig,
@@ -100,9 +100,9 @@ def test_external_mode_needs_hosts_and_broker_and_defaults_the_rest() -> None:
         config_from_args(_parse(["--broker", "redis://127.0.0.1:16379/0"]))
 
 
-def test_loadtest_is_a_cli_subcommand() -> None:
-    args = cli.build_parser().parse_args(["loadtest", "--tasks", "5", "--faults", "all:1"])
-    assert args._run is loadtest.COMMAND.run
+def test_loadtest_is_a_fleet_subcommand() -> None:
+    args = fleet_cli.build_parser().parse_args(["loadtest", "--tasks", "5", "--faults", "all:1"])
+    assert args._command is loadtest.COMMAND
     assert config_from_args(args).faults == {kind: 1 for kind in FAULT_KINDS}
 
 

@@ -1,8 +1,12 @@
 """pytest plugin: ZooKeeper, Redis and kazoo fixtures backed by the local stack.
 
-Loaded automatically when celery-zklock is installed (entry point ``pytest11``), or with
-``-p celery_zklock.testing.plugin``. Importing it starts nothing; each fixture starts what it
-needs the first time a test asks for it, and stops it afterwards.
+Opt-in: installing celery-zklock does not load it (its fixture names are plain words that
+other plugins may use too). Load it in your top-level ``conftest.py``::
+
+    pytest_plugins = ["celery_zklock.testing.plugin"]
+
+or with ``pytest -p celery_zklock.testing.plugin``. Importing it starts nothing; each fixture
+starts what it needs the first time a test asks for it, and stops it afterwards.
 
 Fixtures:
 
