@@ -1,26 +1,12 @@
 """The Celery app of the task-level benchmark (section 4): the fleet's configuration, no-op tasks.
 
-A worker runs it as ``celery -A benchmarks.celery_app:app worker ...`` with the fleet's worker
-options (:func:`workers.__main__.worker_argv`) and settings from the ``ZKLOCK_*`` environment,
-read when the configuration is first needed (as :mod:`workers.app` does); the sender builds its
-own app with :func:`create_app` and explicit settings.
-
-Every task has the same body, which does nothing, and one argument ``key``:
-
-``bench.plain``
-    a plain Celery task (the baseline);
-``bench.zklock_skip`` / ``bench.zklock_wait``
-    :class:`~celery_zklock.ZkLockTask` with ``lock_key=["key"]``, exclusive, ``lock_on_busy``
-    ``skip`` and ``wait``;
-``bench.singleton``
-    ``celery_singleton.Singleton`` (a Redis ``SET NX`` taken when the task is sent, deleted
-    when it ends);
-``bench.once``
-    ``celery_once.QueueOnce`` with its Redis backend (a redis-py ``Lock`` taken when the task
-    is sent, deleted when it ends).
-
-A third-party base that cannot be imported is left out, and the reason is kept in
-:data:`UNAVAILABLE`, so the benchmark can say so instead of measuring something else.
+A worker runs it as ``celery -A benchmarks.celery_app:app worker`` (launched by
+:func:`celery_zklock.testing.celery_worker.celery_command`), configured from the ``ZKLOCK_*``
+environment when first needed, as :mod:`workers.app` is. Every task does nothing with one
+argument ``key``: a plain task (the baseline), :class:`~celery_zklock.ZkLockTask` with
+``lock_on_busy`` ``skip`` and ``wait``, ``celery_singleton.Singleton`` and
+``celery_once.QueueOnce`` (both take a Redis lock when the task is sent). A third-party base
+that cannot be imported is left out, with the reason in :data:`UNAVAILABLE`.
 """
 
 from __future__ import annotations

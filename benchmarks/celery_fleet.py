@@ -21,8 +21,6 @@ such and not measured.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -43,8 +41,8 @@ from benchmarks.celery_app import (
 )
 from benchmarks.common import Progress, median, ratio, rotated
 from celery_zklock import is_skipped
-from celery_zklock.testing.processes import ChildProcess, make_temp_dir, remove_temp_dir, tail
-from workers.__main__ import worker_argv
+from celery_zklock.testing.celery_worker import CeleryWorker, celery_command
+from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
 from workers.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -87,23 +85,15 @@ def _batch(app: Celery, name: str, tag: str, count: int, timeout: float) -> dict
     }
 
 
-def _start_worker(settings: Settings, log_dir: Path) -> ChildProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "benchmarks.celery_app:app",
-        *worker_argv(settings, ["-n", f"bench-{uuid.uuid4().hex[:8]}@%h", "--loglevel", "warning"]),
-    ]
-    env = {**os.environ, **settings.to_env()}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+def _start_worker(settings: Settings, log_dir: Path) -> CeleryWorker:
+    worker = CeleryWorker(
+        celery_command("benchmarks.celery_app:app", POOL, CONCURRENCY, loglevel="warning"),
+        nodename=f"bench-{uuid.uuid4().hex[:8]}@%h",
+        log_path=log_dir / "worker.log",
+        cwd=REPO_ROOT,
+        env=settings.to_env(),
     )
-    worker = ChildProcess(
-        "celery worker (benchmark)", argv, log_path=log_dir / "worker.log", cwd=REPO_ROOT, env=env
-    )
-    worker.start()
+    worker.spawn()
     return worker
 
 
@@ -138,7 +128,7 @@ def run_section(
         except Exception as exc:
             raise RuntimeError(
                 f"the benchmark worker did not run a task within {WORKER_READY_TIMEOUT_S:.0f} s "
-                f"({exc!r}); its log:\n{tail(log_dir / 'worker.log')}"
+                f"({exc!r}); its log:\n{worker.log_tail()}"
             ) from exc
         progress(f"celery: worker ready in {time.monotonic() - started:.1f} s")
         measured: list[tuple[str, str]] = []

@@ -20,7 +20,7 @@ from celery.utils import worker_direct
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
-from celery_zklock.testing.processes import wait_until
+from celery_zklock.testing.processes import descendants, pid_alive, wait_until
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from workers.app import create_app
 from workers.chatter import start_chatter, stop_chatter
@@ -34,7 +34,7 @@ from workers.faults import (
     parse_faults,
     session_password,
 )
-from workers.fleet import Fleet, FleetWorker, WorkerSpec, descendants, pid_alive
+from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
 from workers.record import FAULT_KINDS, FaultRecord, SectionEvent, SectionRecorder
 from workers.settings import Settings

@@ -3,48 +3,39 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from kazoo.client import KazooClient
 
+from celery_zklock.testing.celery_worker import (
+    CeleryWorker,
+    celery_command,
+    stop_all,
+    wait_until_answering,
+)
 from tests.lockutil import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4}
+STOP_GRACE = 15.0
 
 
-class Worker:
-    """A `celery worker` subprocess in its own process group."""
+class Worker(CeleryWorker):
+    """A `celery worker` of tests.taskapp consuming one queue."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], name: str, queue: str, log: Path) -> None:
-        self.proc = proc
-        self.name = name
-        self.queue = queue
-        self.log = log
+    @property
+    def queue(self) -> str:
+        return self.queues[0]
 
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        # a killed prefork parent can leave children in its group: reap the whole group
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        # Pool processes get SIGTERM too: a test ends without waiting for its tasks.
+        self.signal_group(signal.SIGTERM)
+        super().stop(grace)
 
 
 def start_worker(
@@ -56,29 +47,18 @@ def start_worker(
     queue: str = "celery",
     concurrency: int | None = None,
 ) -> Worker:
+    """A worker named ``name@<host>`` that answered a ping (``app`` is any app on its broker)."""
     log = log_dir / f"worker-{name}.log"
-    cmd = [
-        sys.executable, "-m", "celery", "-A", "tests.taskapp", "worker",
-        "-P", pool, "-c", str(concurrency or CONCURRENCY[pool]), "-n", f"{name}@%h", "-Q", queue,
-        "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "info",
-    ]  # fmt: skip
-    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    worker = Worker(proc, name, queue, log)
-    # Wait for *this* worker's answer: another test's workers may share the broker.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker {name} exited {proc.returncode}: {log.read_text()[-2000:]}")
-        replies = app.control.ping(timeout=0.5)
-        if any(f"{name}@" in host for reply in replies for host in reply):
-            return worker
-    worker.stop()
-    raise RuntimeError(f"worker {name} did not answer a ping in 30 s: {log.read_text()[-2000:]}")
+    log.unlink(missing_ok=True)
+    command = celery_command("tests.taskapp", pool, concurrency or CONCURRENCY[pool])
+    worker = Worker(command, nodename=f"{name}@%h", queues=[queue], log_path=log, cwd=ROOT, env=env)
+    worker.spawn()
+    try:
+        wait_until_answering(app, [worker], timeout=30)
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
 
 
 @contextmanager
@@ -101,8 +81,7 @@ def workers(
             )
         yield started
     finally:
-        for worker in started:
-            worker.stop()
+        stop_all(started, STOP_GRACE)
 
 
 def contenders(zk: KazooClient, lock: str) -> list[str]:

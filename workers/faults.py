@@ -94,9 +94,10 @@ from celery.utils import worker_direct
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing.processes import pid_alive
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
-from workers.fleet import Fleet, FleetWorker, WorkerSpec, pid_alive
+from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
 from workers.record import (
     FAULT_KINDS,

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import ipaddress
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,22 +39,29 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn, TypeVar
 
 __all__ = [
     "ChildProcess",
     "MissingDependency",
+    "PortTaken",
+    "Service",
     "StackError",
+    "descendants",
     "free_port",
     "listener_is_owned_by",
     "live_children",
     "make_temp_dir",
+    "pid_alive",
     "port_has_listener",
     "remove_temp_dir",
+    "start_with_retries",
     "stop_all_children",
     "tail",
     "wait_until",
 ]
 
+_A = TypeVar("_A")
 _PR_SET_PDEATHSIG = 1
 _TCP_LISTEN = "0A"
 
@@ -177,6 +185,41 @@ def listener_is_owned_by(pid: int, port: int) -> bool:
     return bool(listeners) and listeners <= _socket_inodes(pid)
 
 
+# ------------------------------------------------------------------------------ process tree
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                    state, parent = fh.read().rsplit(")", 1)[1].split()[:2]
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            if state not in ("Z", "X"):
+                children.setdefault(int(parent), []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 # ----------------------------------------------------------------------------------- waiting
 
 
@@ -235,10 +278,13 @@ def _die_with_parent(prctl: Callable[..., int], parent_pid: int) -> Callable[[],
 
 
 class ChildProcess:
-    """One program run as our child, with its output appended to ``log_path``.
+    """One program run as our child, at most one process at a time, output appended to
+    ``log_path``: the base of every process the stack and the fleet manage.
 
-    ``start`` spawns it (see the module docstring for what keeps it from outliving us);
-    ``stop`` ends it and returns once it is gone.
+    :meth:`spawn` starts it (again, once the last process is gone; see the module docstring
+    for what keeps it from outliving us), :meth:`wait_ready` waits until it serves, :meth:`stop`
+    ends it and returns once it is gone. ``directory``, if given, is a private directory made
+    with :func:`make_temp_dir` that :meth:`destroy` removes (keeping the log's last lines).
     """
 
     def __init__(
@@ -249,18 +295,23 @@ class ChildProcess:
         log_path: Path,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
+        directory: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
+        self.directory = directory
+        self.last_log_tail = ""
+        """The log's last lines as :meth:`destroy` found them."""
+        self._destroyed = False
         self._popen: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
-        return f"<ChildProcess {self.name} pid={self.pid}>"
+        return f"<{type(self).__name__} {self.name} pid={self.pid}>"
 
-    def start(self) -> None:
+    def spawn(self) -> None:
         """Spawn the program; raises StackError if it cannot be executed or is already running."""
         if self.is_running():
             raise StackError(f"{self.name} is already running (pid {self.pid}); stop it first")
@@ -346,6 +397,71 @@ class ChildProcess:
                 f"{self.name} (pid {self._popen.pid}) is still alive {timeout:.0f} s after SIGKILL"
             )
 
+    def destroy(self, grace: float = 3.0) -> None:
+        """:meth:`stop`, then remove :attr:`directory`, keeping the log's last lines. Idempotent."""
+        self.stop(grace)
+        if self.directory is not None and not self._destroyed:
+            self.last_log_tail = self.log_tail()
+            self._destroyed = True
+            remove_temp_dir(self.directory)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the log (once :meth:`destroy` removed it, as it found them)."""
+        return self.last_log_tail if self._destroyed else tail(self.log_path, lines)
+
+    def wait_ready(
+        self,
+        deadline: float,
+        answer: Callable[[], _A | None],
+        *,
+        ports: Sequence[int],
+        bind_failure: re.Pattern[str],
+        listeners: Callable[[_A], Sequence[int]] | None = None,
+        accept: Callable[[_A], bool] | None = None,
+    ) -> _A:
+        """Poll until the child serves; return its answer.
+
+        It serves once ``answer()`` (a probe of its port) returns something ``accept`` takes,
+        and every port of ``listeners(answer)`` (default: the first of ``ports``) is listened
+        on by the child itself: an answer from another program on our port is never ours.
+        Raises :class:`PortTaken` (try again with other ports) when one of ``ports`` turns out
+        to be someone else's, or the child exited with ``bind_failure`` in its log; StackError
+        with the log's end when it exits otherwise or ``deadline`` (monotonic) passes.
+        """
+        got: _A | None = None
+        while True:
+            if not self.is_running():
+                self._exited(ports, bind_failure)
+            pid = self.pid
+            got = answer()
+            if got is not None:
+                own = listeners(got) if listeners is not None else ports[:1]
+                if pid is None or not all(listener_is_owned_by(pid, port) for port in own):
+                    if self.is_running():
+                        raise PortTaken(
+                            f"{self.name}: port {own[0]} answers but its listening socket "
+                            "belongs to another process"
+                        )
+                    self._exited(ports, bind_failure)
+                if accept is None or accept(got):
+                    return got
+            if time.monotonic() >= deadline:
+                raise StackError(
+                    f"{self.name} (pid {pid}) was not serving before the deadline (last "
+                    f"answer: {got!r}).\n--- last lines of {self.log_path} ---\n{self.log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _exited(self, ports: Sequence[int], bind_failure: re.Pattern[str]) -> NoReturn:
+        log = self.log_tail()
+        message = (
+            f"{self.name} exited with status {self.returncode} while starting."
+            f"\n--- last lines of {self.log_path} ---\n{log}"
+        )
+        if bind_failure.search(log) or any(port_has_listener(port) for port in ports):
+            raise PortTaken(message)
+        raise StackError(message)
+
     def _emergency_kill(self) -> None:
         """SIGKILL and reap without Popen's locks (safe inside a signal handler)."""
         popen = self._popen
@@ -354,6 +470,79 @@ class ChildProcess:
                 os.kill(popen.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(popen.pid, 0)
+
+
+class PortTaken(StackError):
+    """A start failed because one of its ports was taken: it may be retried with other ports."""
+
+
+def start_with_retries(
+    what: str, attempts: int, timeout: float, attempt: Callable[[float], _A]
+) -> _A:
+    """Return ``attempt(deadline)``, tried up to ``attempts`` times (each with new ports) while
+    it raises :class:`PortTaken`; StackError naming every failure after that."""
+    deadline = time.monotonic() + timeout
+    failures: list[str] = []
+    for _ in range(attempts):
+        try:
+            return attempt(deadline)
+        except PortTaken as exc:
+            failures.append(str(exc))
+            if time.monotonic() >= deadline:
+                break
+    raise StackError(
+        f"{what} could not start: its ports were taken by other processes in "
+        f"{len(failures)} attempt(s), each with new free ports.\n" + "\n".join(failures)
+    )
+
+
+_S = TypeVar("_S", bound="Service")
+
+
+class Service:
+    """The contract of every part of the local stack (a server, an ensemble, a proxy).
+
+    :meth:`start` returns the part once it serves, and raises StackError if it is started
+    already; :meth:`stop` returns once everything it started is gone, and is idempotent.
+    ``with`` starts it unless it is started, and stops it on the way out. A part that runs as
+    one child process keeps it in ``_child`` (for :attr:`pid` and :meth:`is_running`).
+    """
+
+    what = "the service"
+    """What it is, in messages."""
+    _child: ChildProcess | None = None
+
+    def start(self: _S) -> _S:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def is_started(self) -> bool:
+        """True from a successful :meth:`start` until :meth:`stop`."""
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id while it runs (a part made of one process), else None."""
+        return self._child.pid if self._child is not None else None
+
+    def is_running(self) -> bool:
+        """True while its process runs."""
+        return self._child is not None and self._child.is_running()
+
+    def _not_started(self) -> StackError:
+        return StackError(f"{self.what} is not started: call start() first")
+
+    def _refuse_restart(self) -> None:
+        if self.is_started():
+            raise StackError(f"{self!r} is already started; call stop() first")
+
+    def __enter__(self: _S) -> _S:
+        return self if self.is_started() else self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 # ----------------------------------------------------------------------------------- registry

@@ -6,10 +6,11 @@ import contextlib
 import selectors
 import socket
 import threading
-from types import TracebackType
+
+from celery_zklock.testing.processes import Service
 
 
-class TcpProxy:
+class TcpProxy(Service):
     """Forwards connections from a free local port to ``target``; cut or silence them on demand.
 
     - :meth:`cut` closes every open connection (the client sees a connection loss; its
@@ -26,6 +27,8 @@ class TcpProxy:
       then continues mid-way, as after lost segments: ZooKeeper clients reconnect).
     - ``refuse = True`` closes new connections at once (the server looks down).
     """
+
+    what = "the TCP proxy"
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -65,7 +68,11 @@ class TcpProxy:
             for sock in orphans:
                 self._discard(sock)
 
+    def is_started(self) -> bool:
+        return self._thread.is_alive()
+
     def start(self) -> TcpProxy:
+        self._refuse_restart()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._thread.start()
         return self
@@ -188,14 +195,3 @@ class TcpProxy:
             self._pairs.pop(b, None)
         for sock in (a, b):
             self._discard(sock)
-
-    def __enter__(self) -> TcpProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

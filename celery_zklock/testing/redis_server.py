@@ -1,17 +1,8 @@
-"""A throw-away Redis server for tests and demos: a child of ours, on 127.0.0.1.
+"""A throw-away Redis server on 127.0.0.1 for tests and demos, a child of ours.
 
-By default it keeps nothing on disk. ``appendonly=True`` makes it persistent (an append-only
-file in its private directory, fsynced as ``appendfsync`` says: with ``"always"`` every write
-is on disk before Redis answers, so a crash loses nothing acknowledged), and
-:meth:`RedisServer.restart` kills and restarts it on the same port and directory, which is how
-a broker restart is tested.
-``bind`` adds addresses to listen on besides 127.0.0.1 (e.g. a veth address reachable from a
-network namespace); they must exist when the server starts.
-
-Ready means: our child is alive, answers ``PING`` with ``+PONG``, and the socket listening on its
-port is the child's own (a Redis that another program runs on that port is never taken for ours).
-A start whose port was taken is retried with a new port. ``redis-server`` is found through the
-``executable`` argument or ``PATH``; if missing, :class:`MissingDependency` names the package.
+It keeps nothing on disk unless ``appendonly=True``; :meth:`RedisServer.restart` crashes and
+restarts it on the same port and directory (a broker restart). Ready means it answers ``PING``
+on a listening socket that is its own; a start whose port was taken is retried on a new one.
 """
 
 from __future__ import annotations
@@ -23,17 +14,15 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from celery_zklock.testing.processes import (
     ChildProcess,
     MissingDependency,
+    Service,
     StackError,
     free_port,
-    listener_is_owned_by,
     make_temp_dir,
-    remove_temp_dir,
-    tail,
+    start_with_retries,
 )
 from celery_zklock.validate import positive_int
 
@@ -43,24 +32,27 @@ APPENDFSYNC_POLICIES = ("always", "everysec", "no")
 _BIND_FAILURE_RE = re.compile(r"Address already in use|Could not create server TCP", re.I)
 
 
-def _ping(port: int, timeout: float = 0.5) -> bool:
+def _ping(port: int, timeout: float = 0.5) -> bool | None:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            return sock.recv(64).startswith(b"+PONG") or None
     except OSError:
-        return False
+        return None
 
 
-class RedisServer:
+class RedisServer(Service):
     """A Redis server on a free 127.0.0.1 port with a private directory, removed on stop.
 
-    ``start`` returns once it is ready (see the module docstring); ``stop`` returns once the
-    process is gone. Usable as a context manager. ``port_picker`` replaces :func:`free_port`
-    (tests use it to force a taken port); ``start_attempts`` is how many ports a start tries.
-    ``appendonly``/``appendfsync`` choose persistence and ``bind`` extra listen addresses (see
-    the module docstring). Raises ValueError naming a bad option.
+    ``port_picker`` replaces :func:`free_port` (tests use it to force a taken port);
+    ``start_attempts`` is how many ports a start tries. ``appendonly`` makes it persistent
+    (fsynced as ``appendfsync`` says: with ``"always"`` a crash loses nothing acknowledged);
+    ``bind`` adds addresses to listen on besides 127.0.0.1 (e.g. a veth address reachable from
+    a network namespace; they must exist at start). ``redis-server`` is found through
+    ``executable`` or ``PATH``. Raises ValueError naming a bad option.
     """
+
+    what = "the Redis server"
 
     def __init__(
         self,
@@ -85,13 +77,14 @@ class RedisServer:
         self._executable = executable
         self._pick_port = port_picker or free_port
         self._start_attempts = start_attempts
-        self._child: ChildProcess | None = None
         self._port: int | None = None
-        self._directory: Path | None = None
         self.last_log_tail = ""
 
     def __repr__(self) -> str:
         return f"<RedisServer port={self._port} pid={self.pid}>"
+
+    def is_started(self) -> bool:
+        return self._child is not None
 
     def _find_executable(self) -> str:
         name = self._executable or "redis-server"
@@ -109,32 +102,24 @@ class RedisServer:
         exited, not ready within ``timeout`` seconds, or every attempt found its port taken;
         the message ends with the server's log).
         """
-        if self._child is not None:
-            raise StackError(f"{self!r} is already started; call stop() first")
+        self._refuse_restart()
         executable = self._find_executable()
-        deadline = time.monotonic() + timeout
-        failures: list[str] = []
-        for _ in range(self._start_attempts):
+
+        def attempt(deadline: float) -> tuple[ChildProcess, int]:
             port = self._pick_port()
-            directory = make_temp_dir("zklock-redis-")
-            child = self._child_for(executable, port, directory)
+            child = self._child_for(executable, port, make_temp_dir("zklock-redis-"))
             try:
-                child.start()
-                outcome = self._wait_ready(child, port, deadline)
+                child.spawn()
+                self._wait_ready(child, port, deadline)
             except BaseException:
-                self._discard(child, directory)
+                self._discard(child)
                 raise
-            if outcome is None:
-                self._child, self._port, self._directory = child, port, directory
-                return self
-            failures.append(outcome)
-            self._discard(child, directory)
-            if time.monotonic() >= deadline:
-                break
-        raise StackError(
-            f"Redis could not start: its port was taken by another process in {len(failures)} "
-            "attempt(s), each with a new free port.\n" + "\n".join(failures)
+            return child, port
+
+        self._child, self._port = start_with_retries(
+            "Redis", self._start_attempts, timeout, attempt
         )
+        return self
 
     def _child_for(self, executable: str, port: int, directory: Path) -> ChildProcess:
         settings = {
@@ -153,6 +138,7 @@ class RedisServer:
             [executable, *(arg for k, v in settings.items() for arg in (f"--{k}", v))],
             log_path=directory / "redis.log",
             cwd=directory,
+            directory=directory,
         )
 
     def restart(self, timeout: float = 10.0, *, sig: int = signal.SIGKILL) -> float:
@@ -163,69 +149,39 @@ class RedisServer:
         append-only file. Raises StackError if it is not running, does not die within
         ``timeout`` seconds, or does not come back (e.g. another program took the port).
         """
-        child, directory, port = self._child, self._directory, self._port
-        if child is None or directory is None or port is None or not child.is_running():
+        child, port = self._child, self._port
+        if child is None or port is None or not child.is_running():
             raise StackError(f"{self!r} is not running: nothing to restart")
         down_since = time.monotonic()
         child.send_signal(sig)
         if not child.wait(timeout):
             child.kill()
-        replacement = self._child_for(self._find_executable(), port, directory)
-        replacement.start()
-        self._child = replacement
         try:
-            outcome = self._wait_ready(replacement, port, time.monotonic() + timeout)
-        except BaseException:
+            child.spawn()
+            self._wait_ready(child, port, time.monotonic() + timeout)
+        except BaseException as exc:
             self.stop()
-            raise
-        if outcome is not None:
-            self.stop()
-            raise StackError(f"Redis could not restart on port {port}: {outcome}")
+            raise StackError(f"Redis could not restart on port {port}: {exc}") from exc
         return time.monotonic() - down_since
 
-    def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> str | None:
-        """None once ready; a reason to retry with another port; raises StackError otherwise."""
-        while True:
-            pid = child.pid
-            if pid is None:
-                log = tail(child.log_path)
-                message = (
-                    f"Redis (port {port}) exited with status {child.returncode} while starting."
-                    f"\n--- last lines of {child.log_path} ---\n{log}"
-                )
-                if _BIND_FAILURE_RE.search(log):
-                    return message
-                raise StackError(message)
-            if _ping(port):
-                if listener_is_owned_by(pid, port):
-                    return None
-                if child.is_running():
-                    return f"port {port} answers PING but its listener belongs to another process"
-            if time.monotonic() >= deadline:
-                raise StackError(
-                    f"Redis (pid {pid}, port {port}) did not answer PING before the deadline."
-                    f"\n--- last lines of {child.log_path} ---\n{tail(child.log_path)}"
-                )
-            time.sleep(0.01)
+    def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> None:
+        child.wait_ready(deadline, lambda: _ping(port), ports=[port], bind_failure=_BIND_FAILURE_RE)
 
-    def _discard(self, child: ChildProcess, directory: Path) -> None:
-        child.stop(grace=3.0)
-        self.last_log_tail = tail(child.log_path)
-        remove_temp_dir(directory)
+    def _discard(self, child: ChildProcess) -> None:
+        child.destroy()
+        self.last_log_tail = child.last_log_tail
 
     def stop(self) -> None:
         """Stop Redis and remove its directory; returns once the process is gone. Idempotent."""
-        child, directory = self._child, self._directory
-        self._child = self._directory = None
-        self._port = None
-        if child is not None and directory is not None:
-            self._discard(child, directory)
+        child, self._child, self._port = self._child, None, None
+        if child is not None:
+            self._discard(child)
 
     @property
     def port(self) -> int:
         """The port (raises StackError before start)."""
         if self._port is None:
-            raise StackError("the Redis server is not started: call start() first")
+            raise self._not_started()
         return self._port
 
     @property
@@ -236,24 +192,4 @@ class RedisServer:
     @property
     def directory(self) -> Path | None:
         """The server's private directory while it runs (removed on stop), else None."""
-        return self._directory
-
-    @property
-    def pid(self) -> int | None:
-        """The process id while it runs, else None."""
-        return self._child.pid if self._child is not None else None
-
-    def is_running(self) -> bool:
-        """True while the process runs."""
-        return self._child is not None and self._child.is_running()
-
-    def __enter__(self) -> RedisServer:
-        return self if self._child is not None else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return None if self._child is None else self._child.directory

@@ -38,19 +38,16 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import NoReturn
 
 from celery_zklock.testing.processes import (
     ChildProcess,
     MissingDependency,
+    Service,
     StackError,
     free_port,
     listener_is_owned_by,
     make_temp_dir,
-    port_has_listener,
-    remove_temp_dir,
-    tail,
+    start_with_retries,
 )
 from celery_zklock.validate import positive_int
 
@@ -238,11 +235,7 @@ def _mode_of(answer: str | None) -> str | None:
 # -------------------------------------------------------------------------------------- nodes
 
 
-class _RetryWithNewPorts(StackError):
-    """A start failed because a port was taken: the caller may retry with other ports."""
-
-
-class ZooKeeperNode:
+class ZooKeeperNode(ChildProcess):
     """One ZooKeeper process: its ports, its directory and (while it runs) its JVM.
 
     ``myid`` is the server id in an ensemble (1..N), or 1 for a standalone server.
@@ -252,6 +245,8 @@ class ZooKeeperNode:
     is given to it at launch) through ``setpriv``, which keeps the parent-death signal; needs
     root. None (default) runs it as we run.
     """
+
+    directory: Path
 
     def __init__(
         self,
@@ -263,31 +258,25 @@ class ZooKeeperNode:
         election_port: int | None = None,
         uid: int | None = None,
     ) -> None:
+        directory = make_temp_dir(f"zklock-zk{myid}-")
+        super().__init__(
+            f"ZooKeeper node {myid} (port {port})",
+            [],
+            log_path=directory / _LOG_FILE,
+            cwd=directory,
+            directory=directory,
+        )
         self.myid = myid
         self.uid = uid
         self.port = port
         self.quorum_port = quorum_port
         self.election_port = election_port
         self._options = options
-        self.directory = make_temp_dir(f"zklock-zk{myid}-")
-        self.data_dir = self.directory / "data"
+        self.data_dir = directory / "data"
         self.data_dir.mkdir()
-        self.log_path = self.directory / _LOG_FILE
-        self._child: ChildProcess | None = None
-        self._destroyed = False
-        self.last_log_tail = ""
 
     def __repr__(self) -> str:
         return f"<ZooKeeperNode myid={self.myid} port={self.port} pid={self.pid}>"
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's pid while it runs, else None."""
-        return self._child.pid if self._child is not None else None
-
-    def is_running(self) -> bool:
-        """True while the JVM has not exited."""
-        return self._child is not None and self._child.is_running()
 
     def srvr(self, timeout: float = 1.0) -> str | None:
         """The node's answer to ``srvr``, or None if nothing answers on its client port."""
@@ -308,20 +297,16 @@ class ZooKeeperNode:
     def owns_ports(self, mode: str | None = None) -> bool:
         """True if our JVM listens on the client port (and election port; leader: quorum port)."""
         pid = self.pid
-        if pid is None:
-            return False
+        return pid is not None and all(listener_is_owned_by(pid, p) for p in self._listeners(mode))
+
+    def _listeners(self, mode: str | None) -> list[int]:
+        """The ports our JVM listens on in ``mode``."""
         ports = [self.port]
         if self.election_port is not None:
             ports.append(self.election_port)
         if mode == "leader" and self.quorum_port is not None:
             ports.append(self.quorum_port)
-        return all(listener_is_owned_by(pid, port) for port in ports)
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the node's log (kept after the directory is removed)."""
-        if self._destroyed:
-            return self.last_log_tail
-        return tail(self.log_path, lines)
+        return ports
 
     def write_config(self, peers: Sequence[ZooKeeperNode] = ()) -> Path:
         """Write ``zoo.cfg`` (and ``myid`` when ``peers`` is given); return the config path."""
@@ -388,13 +373,8 @@ class ZooKeeperNode:
                 "--",
                 *argv,
             ]
-        self._child = ChildProcess(
-            f"ZooKeeper node {self.myid} (port {self.port})",
-            argv,
-            log_path=self.log_path,
-            cwd=self.directory,
-        )
-        self._child.start()
+        self.argv = argv
+        self.spawn()
 
     def _give_directory_to(self, uid: int) -> None:
         for root, dirs, files in os.walk(self.directory):
@@ -405,99 +385,32 @@ class ZooKeeperNode:
     def wait_serving(self, deadline: float, modes: Iterable[str] = SERVING_MODES) -> str:
         """Wait until the node serves in one of ``modes``; return the mode.
 
-        Raises _RetryWithNewPorts when a port turned out to be taken by another program, and
-        StackError when the JVM exits for another reason or ``deadline`` (monotonic) passes.
+        Raises PortTaken when a port turned out to be taken by another program, and StackError
+        when the JVM exits for another reason or ``deadline`` (monotonic) passes.
         """
         wanted = frozenset(modes)
-        while True:
-            if not self.is_running():
-                self._raise_exited()
-            mode = _mode_of(self.srvr(timeout=0.5))
-            if mode is not None:
-                if not self.owns_ports(mode):
-                    if self.is_running():
-                        raise _RetryWithNewPorts(
-                            f"ZooKeeper node {self.myid}: port {self.port} answers `srvr` but "
-                            "its listening socket belongs to another process"
-                        )
-                    self._raise_exited()
-                if mode in wanted:
-                    return mode
-            if time.monotonic() >= deadline:
-                raise StackError(
-                    f"ZooKeeper node {self.myid} (pid {self.pid}, port {self.port}) was not "
-                    f"serving before the deadline (last mode: {mode})."
-                    f"\n--- last lines of {self.log_path} ---\n{self.log_tail()}"
-                )
-            time.sleep(0.02)
-
-    def _raise_exited(self) -> NoReturn:
-        code = self._child.returncode if self._child is not None else None
-        log = self.log_tail()
-        message = (
-            f"ZooKeeper node {self.myid} (port {self.port}) exited with status {code} "
-            f"while starting.\n--- last lines of {self.log_path} ---\n{log}"
+        return self.wait_ready(
+            deadline,
+            lambda: _mode_of(self.srvr(timeout=0.5)),
+            ports=[p for p in (self.port, self.quorum_port, self.election_port) if p is not None],
+            bind_failure=_BIND_FAILURE_RE,
+            listeners=self._listeners,
+            accept=wanted.__contains__,
         )
-        ports = [p for p in (self.port, self.quorum_port, self.election_port) if p is not None]
-        if _BIND_FAILURE_RE.search(log) or any(port_has_listener(p) for p in ports):
-            raise _RetryWithNewPorts(message)
-        raise StackError(message)
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the JVM if it runs."""
-        if self._child is not None:
-            self._child.send_signal(sig)
-
-    def wait_gone(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the JVM to exit; True once it is gone."""
-        return self._child is None or self._child.wait(timeout)
-
-    def stop(self) -> None:
-        """Stop the JVM (SIGTERM, then SIGKILL after a short grace); keeps the directory."""
-        if self._child is not None:
-            self._child.stop(grace=3.0)
-
-    def destroy(self) -> None:
-        """Stop the JVM and remove the node's directory, keeping its log tail. Idempotent."""
-        self.stop()
-        if not self._destroyed:
-            self.last_log_tail = tail(self.log_path)
-            self._destroyed = True
-            remove_temp_dir(self.directory)
-
-
-def _start_with_retries(
-    options: ZooKeeperOptions,
-    timeout: float,
-    what: str,
-    attempt: Callable[[float], list[ZooKeeperNode]],
-) -> list[ZooKeeperNode]:
-    """Run ``attempt(deadline)`` up to ``options.start_attempts`` times while ports clash."""
-    deadline = time.monotonic() + timeout
-    failures: list[str] = []
-    for _ in range(options.start_attempts):
-        try:
-            return attempt(deadline)
-        except _RetryWithNewPorts as exc:
-            failures.append(str(exc))
-            if time.monotonic() >= deadline:
-                break
-    raise StackError(
-        f"{what} could not start: its ports were taken by other processes in "
-        f"{len(failures)} attempt(s), each with new free ports.\n" + "\n".join(failures)
-    )
 
 
 # ---------------------------------------------------------------------------------- standalone
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(Service):
     """A standalone ZooKeeper server on 127.0.0.1, a child of this process.
 
     ``start`` returns once it serves (see the module docstring); ``stop`` returns once the JVM
-    is gone and its directory removed. Usable as a context manager. Options: see
-    :class:`ZooKeeperOptions`.
+    is gone and its directory removed. Options: see :class:`ZooKeeperOptions`.
     """
+
+    what = "the ZooKeeper server"
+    _child: ZooKeeperNode | None
 
     def __init__(
         self,
@@ -527,11 +440,14 @@ class ZooKeeperServer:
             start_attempts=start_attempts,
             client_address=client_address,
         )
-        self._node: ZooKeeperNode | None = None
+        self._child = None
 
     def __repr__(self) -> str:
-        state = f"port={self._node.port} pid={self.pid}" if self._node else "stopped"
+        state = f"port={self._child.port} pid={self.pid}" if self._child else "stopped"
         return f"<ZooKeeperServer {state}>"
+
+    def is_started(self) -> bool:
+        return self._child is not None
 
     def start(self, timeout: float = 30.0) -> ZooKeeperServer:
         """Start the server and wait until it serves; return self.
@@ -540,11 +456,10 @@ class ZooKeeperServer:
         within ``timeout`` seconds, exited, or every attempt found its port taken; the message
         ends with the server's log), or StackError if it is already running.
         """
-        if self._node is not None:
-            raise StackError(f"{self!r} is already started; call stop() first")
+        self._refuse_restart()
         runtime = _find_runtime(self.options)
 
-        def attempt(deadline: float) -> list[ZooKeeperNode]:
+        def attempt(deadline: float) -> ZooKeeperNode:
             node = ZooKeeperNode(1, self.options, port=self.options.pick_port())
             try:
                 node.write_config()
@@ -553,56 +468,35 @@ class ZooKeeperServer:
             except BaseException:
                 node.destroy()
                 raise
-            return [node]
+            return node
 
-        (self._node,) = _start_with_retries(self.options, timeout, "ZooKeeper server", attempt)
+        self._child = start_with_retries(
+            "ZooKeeper server", self.options.start_attempts, timeout, attempt
+        )
         return self
 
     def stop(self) -> None:
         """Stop the server and remove its directory; returns once the JVM is gone. Idempotent."""
-        node, self._node = self._node, None
+        node, self._child = self._child, None
         if node is not None:
             node.destroy()
-
-    def _started(self) -> ZooKeeperNode:
-        if self._node is None:
-            raise StackError("the ZooKeeper server is not started: call start() first")
-        return self._node
 
     @property
     def node(self) -> ZooKeeperNode:
         """The server's node (raises StackError before start)."""
-        return self._started()
+        if self._child is None:
+            raise self._not_started()
+        return self._child
 
     @property
     def port(self) -> int:
         """The client port (raises StackError before start)."""
-        return self._started().port
+        return self.node.port
 
     @property
     def hosts(self) -> str:
         """The connection string, ``127.0.0.1:PORT`` (raises StackError before start)."""
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's pid, or None if it is not running."""
-        return self._node.pid if self._node is not None else None
-
-    def is_running(self) -> bool:
-        """True while the JVM runs."""
-        return self._node is not None and self._node.is_running()
-
-    def __enter__(self) -> ZooKeeperServer:
-        return self if self._node is not None else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # ---------------------------------------------------------------------------------- partitions
@@ -868,13 +762,12 @@ def _wait_ensemble_serving(nodes: Sequence[ZooKeeperNode], deadline: float) -> N
         time.sleep(0.02)
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(Service):
     """An N-node ZooKeeper ensemble on 127.0.0.1 (``size >= 2``), every node a child of ours.
 
     ``start`` returns once every node serves and a leader exists. Nodes can be killed and
     restarted (same ports, same data) to test failover. ``stop`` returns once every JVM is gone
-    and every directory removed. Usable as a context manager. Options: see
-    :class:`ZooKeeperOptions`.
+    and every directory removed. Options: see :class:`ZooKeeperOptions`.
 
     Partitions: ``isolatable`` (``True`` for every member, or a collection of myids) runs those
     members' JVMs under their own random uids, so that :meth:`isolate` can cut one of them off
@@ -886,6 +779,8 @@ class ZooKeeperEnsemble:
     :func:`partition_unavailable_reason`; ``start`` raises :class:`MissingDependency` or
     :class:`StackError` with that reason when they are not met. Up to myid 7.
     """
+
+    what = "the ZooKeeper ensemble"
 
     def __init__(
         self,
@@ -945,8 +840,7 @@ class ZooKeeperEnsemble:
 
         Raises MissingDependency, or StackError (as :meth:`ZooKeeperServer.start`).
         """
-        if self._nodes:
-            raise StackError(f"{self!r} is already started; call stop() first")
+        self._refuse_restart()
         runtime = _find_runtime(self.options)
         uids: dict[int, int] = {}
         if self.isolatable:
@@ -987,7 +881,7 @@ class ZooKeeperEnsemble:
                 _wait_ensemble_serving(nodes, deadline)
             except BaseException:
                 for node in nodes:
-                    node.signal(signal.SIGTERM)
+                    node.send_signal(signal.SIGTERM)
                 for node in nodes:
                     node.destroy()
                 if firewall is not None:
@@ -996,8 +890,8 @@ class ZooKeeperEnsemble:
                 raise
             return nodes
 
-        self._nodes = _start_with_retries(
-            self.options, timeout, f"ZooKeeper ensemble of {self.size}", attempt
+        self._nodes = start_with_retries(
+            f"ZooKeeper ensemble of {self.size}", self.options.start_attempts, timeout, attempt
         )
         self._runtime = runtime
         return self
@@ -1011,12 +905,19 @@ class ZooKeeperEnsemble:
         firewall, self._firewall = self._firewall, None
         try:
             for node in nodes:
-                node.signal(signal.SIGTERM)  # all at once: the stops overlap instead of adding up
+                node.send_signal(signal.SIGTERM)  # all at once: the stops overlap, not add up
             for node in nodes:
                 node.destroy()
         finally:
             if firewall is not None:
                 firewall.remove()
+
+    def is_started(self) -> bool:
+        return bool(self._nodes)
+
+    def is_running(self) -> bool:
+        """True while every node's JVM runs."""
+        return bool(self._nodes) and all(node.is_running() for node in self._nodes)
 
     def isolate(self, myid: int) -> None:
         """Cut member ``myid`` off from every other member; its client port stays reachable.
@@ -1058,7 +959,7 @@ class ZooKeeperEnsemble:
                 f"{sorted(self.isolatable)}); pass isolatable=... to the ensemble"
             )
         if self._firewall is None or not self._nodes:
-            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+            raise self._not_started()
         return self._firewall
 
     @property
@@ -1079,7 +980,7 @@ class ZooKeeperEnsemble:
     def hosts(self) -> str:
         """``127.0.0.1:p1,127.0.0.1:p2,...`` (raises StackError before start)."""
         if not self._nodes:
-            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+            raise self._not_started()
         return ",".join(f"127.0.0.1:{node.port}" for node in self._nodes)
 
     def leader(self, timeout: float = 10.0) -> int:
@@ -1115,8 +1016,8 @@ class ZooKeeperEnsemble:
         node = self.node(myid)
         if not node.is_running():
             raise StackError(f"ZooKeeper node {myid} is not running")
-        node.signal(sig)
-        if not node.wait_gone(timeout):
+        node.send_signal(sig)
+        if not node.wait(timeout):
             raise StackError(
                 f"ZooKeeper node {myid} (pid {node.pid}) is still running {timeout:.1f} s after "
                 f"signal {signal.Signals(sig).name}; use SIGKILL"
@@ -1132,21 +1033,10 @@ class ZooKeeperEnsemble:
         if node.is_running():
             raise StackError(f"ZooKeeper node {myid} is running; kill() it before restart()")
         if self._runtime is None:
-            raise StackError("the ZooKeeper ensemble is not started: call start() first")
+            raise self._not_started()
         node.launch(self._runtime)
         try:
             node.wait_serving(time.monotonic() + timeout, {"leader", "follower"})
         except StackError as exc:
             node.stop()
             raise StackError(f"restart of ZooKeeper node {myid} failed: {exc}") from exc
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        return self if self._nodes else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
