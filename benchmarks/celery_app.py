@@ -18,7 +18,8 @@ from celery import Celery
 
 from celery_zklock import ZkLockTask
 from workers.app import celery_config
-from workers.settings import Settings, load_settings
+from workers.app import create_app as create_fleet_app
+from workers.settings import Settings
 
 PLAIN: Final = "bench.plain"
 ZKLOCK_SKIP: Final = "bench.zklock_skip"
@@ -76,14 +77,8 @@ def register_tasks(app: Celery) -> None:
 
 
 def create_app(settings: Settings | None = None) -> Celery:
-    """The benchmark app; configured from ``settings`` now, or from the environment later."""
-    app = Celery("benchmarks", set_as_current=False)
-    if settings is None:
-        app.add_defaults(lambda: bench_config(load_settings()))
-    else:
-        app.conf.update(bench_config(settings))
-    register_tasks(app)
-    return app
+    """The benchmark app, made as :func:`workers.app.create_app` makes the fleet's."""
+    return create_fleet_app(settings, main="benchmarks", config=bench_config, tasks=register_tasks)
 
 
 app = create_app()

@@ -1,22 +1,8 @@
-"""Task level: no-op task throughput on a real worker, plain vs ZkLockTask vs other libraries.
+"""Section 4 of ``python -m benchmarks``: no-op task throughput on one real worker, plain vs
+ZkLockTask vs celery-singleton and celery-once.
 
-Section 4 of ``python -m benchmarks``.
-
-One real ``celery worker`` subprocess runs :mod:`benchmarks.celery_app` with the fleet's worker
-options and settings (prefork pool, concurrency 4, prefetch multiplier 1, late acks, Redis
-broker and result backend: :func:`workers.app.celery_config`); log level ``warning`` so that
-logging one line per task does not weigh on the measurement. All contenders share that worker,
-its broker and its ZooKeeper.
-
-One batch: the parent sends ``batch`` tasks of one kind, each with a distinct ``key`` (so no
-lock is ever busy), then waits for every result through the result backend. Throughput is
-``batch`` / (time of the last result - time of the first send): the end-to-end cost,
-including what a library does when a task is sent (celery-singleton and celery-once take their
-Redis lock in ``apply_async``). Each repetition runs one batch of every contender, in an order
-rotated per repetition; the report shows medians over repetitions and ratios to the plain
-task. A warm-up batch of every contender runs first (every pool process connects to ZooKeeper
-and Redis then); a contender whose package is missing or whose warm-up fails is reported as
-such and not measured.
+Each contender sends batches of tasks with distinct keys (no lock is ever busy) to the same
+worker and waits for every result. Method: ``docs/benchmarks.md``, section 4.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
-"""Contention: many processes on one key; grants per second and handoff latency, ours vs kazoo.
+"""Section 2 of ``python -m benchmarks``: many processes on one key; grants per second and
+handoff latency, ours vs kazoo's Lock.
 
-Section 2 of ``python -m benchmarks``.
-
-``n`` worker processes (one kazoo client, so one ZooKeeper session, each) are started once per
-``n`` and kept for every repetition and recipe. One run: the parent picks a start time a moment
-ahead and a stop time ``duration`` later; every worker sleeps until the start, then loops
-acquire -> note the grant time -> note the release time -> release, until the stop time, on one
-new key per run (``Mutex`` of ours, or ``kazoo.recipe.lock.Lock``; hold time zero).
-
-Times are ``time.monotonic()``, which is ``CLOCK_MONOTONIC`` on Linux: one clock for every
-process on the machine, so times noted by different processes compare directly. The parent
-merges all (grant, release) pairs and sorts them by grant time:
-
-- grants per second: grants whose grant time lies in [start, stop], over ``duration``;
-- handoff latency: for consecutive grants, the next grant time minus the previous holder's
-  release time (noted just before it called ``release``): the delete, the notification of the
-  next waiter and its look at the queue. Mean and p99 (nearest rank) per run;
-- overlaps: a next grant before the previous release; always 0 for a correct lock (a check).
-
-The report shows medians over repetitions; the recipes alternate within each repetition, in
-an order rotated per repetition. A short warm-up run per recipe is not recorded.
+``n`` worker processes (one ZooKeeper session each) loop acquire/release on one key per run and
+note grant and release times on one clock (``CLOCK_MONOTONIC``); the parent merges them.
+Method: ``docs/benchmarks.md``, section 2.
 """
 
 from __future__ import annotations

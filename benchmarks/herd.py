@@ -1,36 +1,9 @@
-"""Herd: watch notifications per release with many waiters on one lock, ours vs a naive recipe.
+"""Section 3 of ``python -m benchmarks``: watch notifications per release with many waiters on
+one lock, ours vs the naive recipe of :mod:`benchmarks.naive`.
 
-Section 3 of ``python -m benchmarks``.
-
-Set-up: ``processes`` worker processes each open their share of ``max(waiters)`` kazoo clients
-(one ZooKeeper session each) once, and keep them for every run. Each session counts the watch
-events the server sends it: the worker wraps kazoo's ``ConnectionHandler._read_watch_event``,
-which runs once per event read off that session's socket.
-
-One run (one recipe, ``n`` waiters, one repetition), on a new lock path:
-
-1. the parent's own session takes the lock (the *holder*);
-2. ``n`` waiter sessions (one thread each) queue up behind it: our :class:`~celery_zklock.Mutex`
-   simply calls ``acquire``; the naive recipe (:mod:`benchmarks.naive`) first creates all ``n``
-   contender nodes, then starts watching, so that the joining is not measured (with that recipe
-   every create wakes every waiter too);
-3. the parent waits until every waiter has its watch armed on the server (``mntr``
-   ``zk_watch_count`` = before + ``n``), then reads every session's count, and releases:
-   release 1;
-4. each waiter that is granted the lock waits until every waiter still queued has its watch armed
-   again (``zk_watch_count`` = before + waiters still queued + the watch a holder of the recipe
-   keeps: the slowest pace, so that no notification is missed because a waiter was still busy
-   with the previous one) and releases: releases 2, 3, ...;
-   the ``releases``-th grantee keeps the lock;
-5. once the last grant happened and the watches are armed again, the counts are read again.
-
-``notifications per release`` = sum over waiter sessions of the events received between the two
-readings / ``releases``. For a recipe where each waiter watches only its predecessor it is
-exactly 1; for the naive recipe it is about the number of waiters still queued (plus 1: the
-releasing holder's own child watch). The holder in the parent is not a waiter: its events are
-not counted. Releases measured per run are capped (``releases``), since with the naive recipe
-each release costs ``n`` listings of ``n`` names; the runs then send everyone home (ours: the
-remaining waiters pass through the lock without pause; naive: an abort flag).
+Worker processes hold the waiting sessions and count the watch events each one receives; the
+parent releases the lock at the slowest pace (every queued waiter's watch armed again before
+each release). Method: ``docs/benchmarks.md``, section 3.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """A naive ZooKeeper lock that every waiter wakes up for: the herd the real recipes avoid.
 
-Written here, for the herd benchmark only (:mod:`benchmarks.herd`). It is the textbook
-"watch the parent" lock:
-
-1. create an ephemeral sequential node ``<path>/lock-<seq>``;
-2. list the parent's children *with a child watch*;
-3. if our node has the lowest sequence number, we hold the lock; otherwise wait until the child
-   watch fires (any child of the parent was created or deleted) and go to 2.
-
-Every release (a delete of the holder's node) therefore fires the child watch of every waiter,
-and each of them lists the whole queue again: ``n`` waiters cost ``n`` notifications and ``n``
-listings of ``n`` names per release. The holder, which listed with a watch the last time too,
-still has a child watch armed while it holds the lock: it fires when the holder's own release
-deletes its node (one more notification per release, to the releasing session).
-
-``acquire`` takes an ``abort`` event so that the benchmark can send thousands of waiters home
-without walking them through the lock one by one.
+The textbook "watch the parent" lock, for the herd benchmark only (:mod:`benchmarks.herd`):
+create ``<path>/lock-<seq>``, list the parent's children with a child watch, hold the lock if
+ours is lowest, else wait for the watch and list again. Every release wakes every waiter, and
+the holder's own watch fires once more at its release. ``acquire`` takes an ``abort`` event so
+that the benchmark can send thousands of waiters home without walking them through the lock.
 """
 
 from __future__ import annotations

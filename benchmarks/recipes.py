@@ -1,34 +1,8 @@
-"""Acquire+release latency of our lock recipes, against a floor, kazoo's Lock and redis-py's Lock.
+"""Section 1 of ``python -m benchmarks``: uncontended acquire+release latency of our recipes,
+against a floor (a bare ephemeral create + delete), kazoo's Lock and redis-py's Lock.
 
-Section 1 of ``python -m benchmarks``; also runnable alone:
-``python -m benchmarks.recipes [--iterations N] [--repeats R] [--json PATH]``.
-
-It uses a standalone ZooKeeper (fsync on, container check every 300 ms; see
-:mod:`benchmarks.common`) with one kazoo client, and a Redis server (no persistence) with one
-redis-py client, and times one uncontended acquire+release cycle at a time, for:
-
-``floor``
-    a bare ephemeral create + delete of one node under an existing parent: two writes, two round
-    trips, nothing a lock could leave out.
-``mutex-fresh`` / ``mutex-reused``
-    our :class:`~celery_zklock.Mutex` on a new key each cycle (``/bench/ours/r<rep>k<i>``: the
-    key's container does not exist yet, as with per-argument task keys) and on one reused key.
-``rw-write-fresh`` / ``rw-read-fresh`` (and ``-reused``)
-    the write and read sides of our :class:`~celery_zklock.ReadWriteLock`.
-``kazoo-fresh`` / ``kazoo-reused``
-    ``kazoo.recipe.lock.Lock`` on a new key each cycle and on one reused key.
-``redis-fresh`` / ``redis-reused``
-    ``redis.lock.Lock`` (SET NX PX, release by a Lua compare-and-delete) on a new key each cycle
-    and on one reused key. Redis runs without persistence (no fsync) while ZooKeeper fsyncs every
-    write, so this row shows what a non-durable lock costs here, not a like-for-like recipe.
-
-Every cycle builds its lock object anew (as a task does per call); the directories that hold the
-keys (``/bench/ours`` ...) exist beforehand as persistent nodes, like an application's lock root.
-One *repetition* runs every case for ``--iterations`` cycles, one case after the other, in an
-order rotated per repetition, so drifts in machine load land on every case alike. Each
-repetition yields p50, p99 (nearest rank) and ops/s per case; the report shows the medians over
-repetitions, and ratios to the floor are ratios of those medians. A warm-up repetition (not
-recorded) runs first.
+Also runnable alone: ``python -m benchmarks.recipes [--iterations N] [--repeats R] [--json
+PATH]``. The cases and how they are timed: ``docs/benchmarks.md``, section 1.
 """
 
 from __future__ import annotations

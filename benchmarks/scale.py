@@ -1,24 +1,7 @@
-"""Scale: many distinct keys through the lock; what is left on the server afterwards.
+"""Section 5 of ``python -m benchmarks``: many distinct keys through the lock, and what is left
+on the server afterwards (znodes, data size, JVM memory), ours vs kazoo's Lock.
 
-Section 5 of ``python -m benchmarks``.
-
-On a fresh ZooKeeper, ``processes`` worker processes (one kazoo client each) take and release
-our :class:`~celery_zklock.Mutex` on ``keys`` distinct keys ``/scale/ours/k<i>`` between them,
-one key at a time each, as a fleet of workers with per-argument task keys would. ``/scale/ours``
-is a persistent node, like an application's lock root; each key's parent is a container node
-that ZooKeeper's container reaper deletes after its last child went (every 300 ms, at most
-1,000,000 a minute: the stack's settings).
-
-Then the parent waits, with a deadline, until the root has no children left, and reports:
-the children left right after the last release and after the reaper ran, how long the reaper
-took, the server's znode count (``mntr`` ``zk_znode_count``) and approximate data size
-(``zk_approximate_data_size``), and the resident memory of the ZooKeeper JVM (``VmRSS`` from
-``/proc/<pid>/status``) before, right after, and after reaping. The JVM's heap is capped
-(``-Xmx64m``, the stack's setting), so its RSS says more about the heap high-water mark than about
-what the data needs; the data size is the better measure of what stays.
-
-For contrast, ``kazoo.recipe.lock.Lock`` then runs on a tenth of the key count under
-``/scale/kazoo``: its parents are persistent and stay.
+Method: ``docs/benchmarks.md``, section 5.
 """
 
 from __future__ import annotations

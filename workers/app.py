@@ -1,33 +1,15 @@
-"""The worker fleet's Celery app.
+"""The worker fleet's Celery app, ``workers.app:app``, configured from ``ZKLOCK_*`` when needed.
 
-``workers.app:app`` is configured from the ``ZKLOCK_*`` environment (see
-:mod:`workers.settings`) when its configuration is first needed, so importing it needs no
-environment and a missing variable is reported by name when a worker starts. Code that sends
-tasks to a fleet it started itself (the demo, the load test) builds its own app with
-:func:`create_app` and explicit settings instead of changing the environment.
-
-Configuration (:func:`celery_config`): JSON only, Redis broker and result backend, and what
-keeps a message from being lost when a worker dies or the broker restarts:
-
-- ``task_acks_late`` and ``worker_prefetch_multiplier=1``: a worker takes one message per free
-  slot, and a message is acknowledged only after its task ran;
-- ``task_reject_on_worker_lost``: when a prefork pool process dies mid-task (``kill -9``), its
-  worker puts the message back on the queue at once instead of failing the task;
-- ``broker_transport_options``: ``visibility_timeout`` (``ZKLOCK_VISIBILITY_TIMEOUT``) after which
-  a message taken by a worker that died as a whole (its acknowledgement never comes) is handed
-  to another worker, swept for every second or so (``unacked_restore_interval``/``_throttle``);
-- broker connections retried without limit and publishing retried for about 15 s (a Redis
-  restart), running tasks kept running meanwhile.
-
-Also ``task_track_started`` (a running task is visible as STARTED), ``worker_direct`` (each
-worker also consumes a queue of its own, to send a task to one chosen worker), the
-``zklock_*`` settings for :class:`celery_zklock.ZkLockTask`, and ``fleet_record_url`` for the
-section records. Importing this module also registers the ``zklock_chatter`` remote control
-command (:mod:`workers.chatter`) in every worker of the fleet.
+Importing it needs no environment, and a missing variable is reported by name when a worker
+starts; code that sends to a fleet it started builds its own app with :func:`create_app` and
+explicit settings. The configuration (:func:`celery_config`) keeps a message from being lost
+when a worker dies or the broker restarts. Importing this module also registers the
+``zklock_chatter`` control command (:mod:`workers.chatter`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -47,14 +29,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
+        # One message per free slot, acknowledged only after its task ran.
         "worker_prefetch_multiplier": 1,
         "task_acks_late": True,
+        # A prefork pool process killed mid-task: its message goes back on the queue at once.
         "task_reject_on_worker_lost": True,
         "task_track_started": True,
         # Each worker also consumes its own queue (celery.utils.worker_direct(nodename)), so a
         # task can be sent to one chosen worker (a test aiming a fault at it).
         "worker_direct": True,
+        # A worker that died as a whole never acknowledges: its messages go to another worker
+        # after the visibility timeout.
         "broker_transport_options": broker_transport_options(settings.visibility_timeout),
+        # A broker restart: reconnect without limit, and keep running tasks running meanwhile.
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
@@ -85,8 +72,14 @@ def broker_transport_options(visibility_timeout: float) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings | None = None, *, main: str = "workers") -> Celery:
-    """A Celery app with the fleet's tasks.
+def create_app(
+    settings: Settings | None = None,
+    *,
+    main: str = "workers",
+    config: Callable[[Settings], dict[str, Any]] = celery_config,
+    tasks: Callable[[Celery], None] = register_tasks,
+) -> Celery:
+    """A Celery app with the fleet's configuration (``config``) and tasks (``tasks``).
 
     With ``settings``, configured from them now. Without, configured from the environment
     (:func:`workers.settings.load_settings`) when the configuration is first read; a missing or
@@ -94,10 +87,10 @@ def create_app(settings: Settings | None = None, *, main: str = "workers") -> Ce
     """
     app = Celery(main, set_as_current=False)
     if settings is None:
-        app.add_defaults(lambda: celery_config(load_settings()))
+        app.add_defaults(lambda: config(load_settings()))
     else:
-        app.conf.update(celery_config(settings))
-    register_tasks(app)
+        app.conf.update(config(settings))
+    tasks(app)
     return app
 
 

@@ -1,22 +1,11 @@
 """ZooKeeper traffic on demand inside a fleet worker: what a worker's *other* tasks send.
 
-The ``blackhole`` fault (:mod:`workers.faults`) silences a worker's link to ZooKeeper while one
-of its tasks holds a lock. The dangerous case is a worker whose other tasks keep sending requests
-on the same ZooKeeper client meanwhile: kazoo sends a ping only when it sent nothing for a third
-of the session timeout, and declares the link dead only when a ping goes unanswered, so a steady
-stream of requests keeps it CONNECTED for the whole outage. A busy threads or gevent worker does
-that on its own; this module makes it happen on demand, at a known rate.
-
-The remote control command ``zklock_chatter`` (:func:`start_chatter` sends it) starts, in the
-worker process that handles control commands (a threads, gevent or solo worker's only process:
-the one its task bodies run in), a thread (a greenlet under gevent) that sends one ``exists``
-request for the lock root every ``interval`` seconds on the process's ZooKeeper client (the one
-its :class:`~celery_zklock.ZkLockTask` runs use), for ``duration`` seconds or until the command
-comes again with ``duration=0``. Requests are asynchronous and nobody waits for their answers:
-on a silent link they queue unanswered, as another task's would, and the thread keeps sending.
-The reply names the client's session id, so the caller can check it is the lock holder's. A
-prefork worker's tasks run in child processes with clients of their own: there the command
-starts nothing and says so.
+A steady stream of requests keeps a kazoo client CONNECTED through a silent link (kazoo pings
+only after T/3 without sending), which is the dangerous case the ``blackhole`` fault tests. The
+remote control command ``zklock_chatter`` (:func:`start_chatter`) starts, in a threads, gevent
+or solo worker, a thread that sends one ``exists`` request every ``interval`` seconds on the
+client its tasks use, never waiting for answers, and replies with that client's session id. A
+prefork worker's tasks have clients of their own: there it starts nothing and says so.
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """The verdict on one recorded run: mutual exclusion, fencing, task accounting and faults.
 
 :func:`check_run` replays a run's section events (:mod:`workers.record`) in the order Redis
-received them, with the tasks' final states and the faults injected, and returns a
-:class:`RunReport`.
-
-**Overlaps.** Per key, an exclusive section entering while any section of the key is inside, or
-a shared one entering while an exclusive one is inside, is an *overlap*: two holders were inside
-at once. A ``killed`` event closes every open section of its process (hostname and pid).
-
-An overlap is a *revoked overlap*, not a violation, when every conflicting section already
-inside had its lease taken away by a fault that no lease clock can see coming, and knew it: its
-process was killed; or a ``paused`` (SIGSTOP) or ``expired`` (session closed on the server) event
-for its process was recorded while it was inside, before the overlapping section entered, and it
-ended with outcome ``"lost"`` (its body saw ``LockLost``) or it is its task's last section and
-the task ended ``LockLost`` (the release noticed the loss after the body returned, e.g. a process
-paused past its session timeout that resumed before its client saw the expiry). Such a holder may
-still be running, but ZooKeeper has handed the lock on, as it must once a session is gone: no lock
-can stop a paused process from resuming inside its section. That window is what the fencing token
-is for; the fence's side of it is checked by ``stale_writes_accepted``.
-
-Every other overlap is a *violation*: two holders whose leases were both valid, or a holder that
-kept running inside its section after ZooKeeper had handed its lock on and learned it only later
-(a silent partition, a follower cut off from its leader: faults a holder's lease clock must see
-before the server expires the session). That is what a bug in the lock, or a lease lost without
-its holder noticing in time, looks like. So a run with revoked overlaps and no violation still
-shows that the lock never granted two valid holders at once, as far as the records tell: the
-sections' own records decide which holder counts as revoked, and a section that never exits and
-was not killed counts as valid. A killed section counts as revoked wherever its ``killed`` record
-lands, because a holder paused, replaced, then killed is recorded that way; the price is that a
-valid holder killed *after* an erroneous successor entered is not reported as a violation.
-
-**Stale writes.** An accepted fenced write is stale if its token is lower than the fence's last
-token at the time (``previous_token``, from the script itself), or lower than an accepted write of
-the same key recorded before the writer's section entered: that write was done before our section
-began, so the fence had seen it. Writes recorded later than our enter are not compared: concurrent
-shared holders may record their writes in another order than the fence saw them.
-
-**Accounting.** Each submitted task is exactly one of ran (SUCCESS, not skipped), skipped,
-failed (FAILURE or REVOKED) or lost (no final state by the end). Attempts come from ``enter``
-events; a task that entered more than once was retried or redelivered.
+received them, by the overlap rule of :mod:`celery_zklock.testing.exclusion`, with the tasks'
+final states and the faults injected, and returns a :class:`RunReport`. Which overlaps count as
+revoked (a fault took the holder's lease, and it knew) and which as violations, which writes are
+stale and how tasks are counted: ``docs/fleet.md``, "The verdict".
 """
 
 from __future__ import annotations

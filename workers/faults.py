@@ -1,75 +1,11 @@
 """Fault injection for fleet runs: each fault aimed at a worker process inside a critical section.
 
-A plan (:func:`parse_faults`, e.g. ``kill:3,pause:3,expire:3,leader:3,partition:3,
-redis_restart:3``, or ``all:3``) says how many of each kind; :class:`FaultInjector` runs them one
-after another, interleaved (:func:`fault_order`), ``gap`` seconds apart, and records each one
-(:class:`~workers.record.FaultRecord`) in the run's :class:`~workers.record.FaultLog`: ``ran``
-is False, with the reason in ``detail``, for a fault that could not be injected.
-
-Targets come from the run's section records (:class:`OpenSections`): a section whose ``enter``
-has no ``exit`` yet is open, and its ``hostname``/``pid`` name the process inside it, its
-``node`` the lock node whose ``ephemeralOwner`` is that process's ZooKeeper session. The kinds:
-
-- ``kill``: SIGKILL the holder process. Once it is gone, a ``killed`` event is recorded
-  (:meth:`~workers.record.SectionRecorder.record_kill`). A prefork pool process is replaced by
-  its pool (and its message requeued at once: ``task_reject_on_worker_lost``); a worker's main
-  process (threads, solo) takes its whole worker down: the fleet restarts it, and its messages
-  come back after the broker's visibility timeout.
-- ``pause``: SIGSTOP the holder until the server expired its session (its lock node is gone:
-  a GC pause past the session timeout), then SIGCONT.
-- ``expire``: expire the holder's session on the server (:func:`expire_session`).
-- ``leader``: SIGKILL the ZooKeeper leader, wait for a new one, restart the killed node.
-  Ensemble only.
-- ``partition``: cut the ZooKeeper link of a holder that runs in a network namespace
-  (:mod:`workers.netns`: the link goes down) until the server expired its session, then heal
-  it. When no workload section opens in a namespace worker for :data:`NATURAL_HOLDER_WAIT`
-  seconds (the broker hands messages out unevenly), the injector plants one there.
-- ``redis_restart``: SIGKILL the broker Redis and restart it (it must be persistent:
-  ``appendonly`` with ``appendfsync always`` loses no message). The Redis holding the records,
-  fence and results is a separate server, outside this fault's reach.
-- ``blackhole``: a silent partition of a worker whose other tasks keep talking to ZooKeeper.
-  The injector plants a long exclusive section (see *Planted sections* below) in a worker
-  that runs in a network namespace with an in-process pool (threads, gevent, solo: its tasks
-  share one ZooKeeper client), makes that worker send a request every T/4 on the same client
-  (:mod:`workers.chatter`: what its other tasks do), queues a waiter on the same key in another
-  worker, then drops every packet of the worker's ZooKeeper link, both ways, sockets open
-  (:meth:`~workers.netns.Namespace.blackhole`). kazoo pings only after T/3 without sending, so
-  the requests keep it CONNECTED throughout; the server expires the session after T and hands
-  the lock to the waiter. Once the holder's node is gone and the waiter entered (or did not, in
-  time), the link is healed.
-- ``follower_partition``: a holder connected to a follower, and that follower cut off from the
-  other members (leader included) while its client port stays reachable
-  (:meth:`~celery_zklock.testing.ZooKeeperEnsemble.isolate`). The follower keeps answering its
-  clients' pings until its own ``syncLimit * tickTime`` runs out, the leader expires their
-  sessions after T and hands the lock to the waiter (queued first, in another worker, on another
-  member). The injector plants the section, finds the member its session is on (the four-letter
-  word ``cons`` of each member lists its sessions), plants again elsewhere if that is the leader,
-  isolates the follower, waits (watching from the leader) until the holder's node is gone and
-  the waiter entered, then heals. Needs an ensemble started with ``isolatable`` members and a
-  ``syncLimit * tickTime`` longer than T (else the follower drops its clients first, they move
-  to another member and keep their sessions: the fault then reports that).
-
-The detail of both says whether the holder's section was still open when the waiter entered: a
-holder that kept running inside its section after ZooKeeper handed its lock on, which the
-checker counts as a violation (see :mod:`workers.checker`).
-
-**Planted sections.** ``blackhole`` and ``follower_partition`` need a holder whose section lasts
-longer than the session timeout and a waiter queued behind it; the workload's sections are short
-(``partition`` plants a holder only as a fallback). The injector sends its own exclusive
-sections of the run's tasks (:mod:`workers.tasks`) to a chosen worker (its ``worker_direct``
-queue) on a key of their own (``fault-...``): a holder holding until told (a ``release_key``)
-and a short waiter. They are recorded like any section
-(and checked like any), but are not among the run's submitted tasks.
-
-``pause`` and ``expire`` take the holder's leases away where no lease clock can see it coming:
-they record a ``paused`` or ``expired`` event for the holder process
-(:meth:`~workers.record.SectionRecorder.record_forced_loss`), which the checker needs to count
-an overlap of that holder as revoked rather than as a violation.
-
-Process faults need the processes on this machine; in an external run (no local fleet or
-stack) they are recorded as not run. ``expire`` needs only ZooKeeper and runs anywhere.
-The injector changes processes (restarts workers, ZooKeeper nodes, Redis): run it in the main
-thread, whose children those processes become (see :mod:`celery_zklock.testing.processes`).
+A plan (:func:`parse_faults`: ``kill:3,pause:3`` or ``all:3``) says how many of each kind;
+:class:`FaultInjector` runs them interleaved (:func:`fault_order`), aims each at a process inside
+an open section (:class:`OpenSections`) and records what it did in the run's
+:class:`~workers.record.FaultLog`, with the reason when it could not. What each kind does, and
+why ``pause`` and ``expire`` record a forced loss, is in ``docs/fleet.md``. The injector restarts
+processes: run it in the main thread (see :mod:`celery_zklock.testing.processes`).
 """
 
 from __future__ import annotations
@@ -643,13 +579,7 @@ class FaultInjector:
         return FaultRecord("expire", expired_at, target.describe(), True, detail)
 
     def _leader(self) -> FaultRecord:
-        ensemble = self.env.zookeeper
-        if not isinstance(ensemble, ZooKeeperEnsemble):
-            raise _NotRun(
-                "needs a local ZooKeeper ensemble ("
-                + ("external run" if ensemble is None else "this run has a standalone server")
-                + ")"
-            )
+        ensemble = self._local_ensemble()
         self._under_load()
         myid = ensemble.leader(timeout=30)
         pid = ensemble.node(myid).pid
@@ -721,6 +651,16 @@ class FaultInjector:
         return FaultRecord("redis_restart", killed_at, f"broker Redis on port {port}", True, detail)
 
     # -- planted sections ---------------------------------------------------------------
+    def _local_ensemble(self) -> ZooKeeperEnsemble:
+        ensemble = self.env.zookeeper
+        if not isinstance(ensemble, ZooKeeperEnsemble):
+            raise _NotRun(
+                "needs a local ZooKeeper ensemble ("
+                + ("external run" if ensemble is None else "this run has a standalone server")
+                + ")"
+            )
+        return ensemble
+
     def _local_fleet(self) -> Fleet:
         if self.env.fleet is None:
             raise _NotRun("external run: the worker processes are not on this machine")
@@ -913,13 +853,7 @@ class FaultInjector:
         return FaultRecord("blackhole", cut_at, target.describe(), True, detail)
 
     def _follower_partition(self) -> FaultRecord:
-        ensemble = self.env.zookeeper
-        if not isinstance(ensemble, ZooKeeperEnsemble):
-            raise _NotRun(
-                "needs a local ZooKeeper ensemble ("
-                + ("external run" if ensemble is None else "this run has a standalone server")
-                + ")"
-            )
+        ensemble = self._local_ensemble()
         if not ensemble.isolatable:
             reason = partition_unavailable_reason() or "it was started without isolatable members"
             raise _NotRun(f"no member of the ensemble can be cut off: {reason}")

@@ -1,41 +1,10 @@
-"""``celery-zklock loadtest``: a workload of locked tasks on a worker fleet, with faults, checked.
+"""``python -m workers loadtest``: locked tasks on a worker fleet, with faults, checked.
 
-A run (:func:`run_loadtest`):
-
-1. **Stack.** Locally (the default): ZooKeeper (standalone, or an ensemble with
-   ``--zk-nodes 3``), a persistent broker Redis (append-only file, fsync on every write, so a
-   restart loses no message) and a second Redis for results, section records and the fence,
-   outside the reach of any fault; then a fleet of ``--workers`` workers (:mod:`workers.fleet`)
-   cycling through ``--pools``. When partitions or black holes are asked for and this process
-   may create network namespaces (root, iproute2), ``--netns-workers`` of them (default 1) run
-   in one (:mod:`workers.netns`); with black holes, workers with an in-process pool (threads,
-   gevent, solo) are the ones chosen. When follower partitions are asked for on an ensemble and
-   members can be cut off (:func:`~celery_zklock.testing.zookeeper.partition_unavailable_reason`),
-   every member is started isolatable, with a ``syncLimit`` long enough that a cut-off follower
-   keeps serving its clients past the session timeout (:meth:`LoadConfig.effective_sync_limit`).
-   With ``--zk-hosts``/``--broker`` it runs against an existing fleet
-   instead (the compose one): nothing is started, and faults that need local processes are
-   recorded as not run.
-2. **Workload.** ``--tasks`` tasks (:func:`plan_workload`, deterministic for ``--seed``) over
-   ``--keys`` keys: shared sections with probability ``--shared-ratio``, else exclusive; each
-   one skips when busy with probability ``--skip-ratio``, else waits up to ``--wait-timeout``;
-   holds ``--hold-ms`` +-50%. They are sent evenly over ``--duration`` seconds (by default: all
-   at once without faults, as long as the faults need with them); while faults are still due,
-   the last quarter is sent only as the fleet has room, so there is always a section to aim at.
-3. **Faults** (:mod:`workers.faults`), from the main thread, while a second thread sends and a
-   third collects the tasks' final states (with a deadline: ``--timeout`` after the last send).
-4. **Verdict.** The znodes left under the lock root are counted (once empty lock parents were
-   reaped, or at a deadline), the section records, fault records and final states are checked
-   (:func:`workers.checker.check_run`), the reports written to ``--out``
-   (:func:`workers.report.write_reports`), and the summary printed, ending with the line::
-
-       zklock-report: tasks=N ran=R skipped=S failed=F lost=L violations=V
-           stale_writes_accepted=W leftover_nodes=K
-
-Exit status 0 only if the report is ok (no violation, stale write accepted, lost task or
-leftover node); 1 otherwise or when the run could not start. A live progress line goes to
-stderr (a plain line every few seconds when stderr is not a terminal). Every process started
-is stopped, and every namespace removed, before it returns.
+:func:`run_loadtest` starts a local stack and fleet (or uses an existing one), sends the
+workload (:func:`plan_workload`) from one thread and collects final states in another while the
+main thread injects faults (:mod:`workers.faults`), then counts leftover znodes, checks the
+records (:func:`workers.checker.check_run`), writes the reports and prints the summary; exit
+status 0 only if the report is ok. The phases and options in detail: ``docs/fleet.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Network namespaces for partition faults: a worker cut off from ZooKeeper, not from Redis.
 
-A :class:`Namespace` is a Linux network namespace joined to the host by two veth pairs, in a
-``10.254.N.0/24`` block that no address or route of the host uses::
-
-    Redis link:      host 10.254.N.1/30  <->  namespace 10.254.N.2/30
-    ZooKeeper link:  host 10.254.N.5/30  <->  namespace 10.254.N.6/30
-
-A process started with :meth:`Namespace.argv` (``ip netns exec NAME ...``, same pid) reaches host
-services at the host-side addresses: Redis must listen on :attr:`Namespace.redis_address` (see
-``RedisServer(bind=...)``) and ZooKeeper on every address (``client_address="0.0.0.0"``), and
-the process is given those addresses instead of 127.0.0.1 (:meth:`Namespace.rehost`).
-
-:meth:`Namespace.cut` sets the host end of the ZooKeeper link down: from then on packets
-between the namespace and ZooKeeper are dropped, in both directions, as in a real partition
-(no reset: a connection already open sees silence, and the server sees silence and expires the
-session after its timeout), while the Redis link keeps working. The kernel does notice a link
-down, though: a *new* connection from the namespace fails after about a second with "No route
-to host" (its neighbour lookup fails). :meth:`Namespace.blackhole` is the silent kind: the link
-stays up and an ``iptables`` rule on each end (the host's ``INPUT`` for packets arriving on the
-host end, the namespace's ``INPUT`` for packets arriving on its end) drops every packet of the
-link: established connections and new ones alike see nothing at all, no error, no reset, no
-unreachable (a rule in ``OUTPUT`` would make the sender's kernel report ``EPERM``).
-:meth:`Namespace.heal` undoes either. Needs root and iproute2 (:func:`unavailable_reason` says
-why not when they are missing); the black hole also needs ``iptables``
+A :class:`Namespace` joins the host by two veth pairs in a ``10.254.N.0/24`` block no address
+or route of the host uses (Redis link: host 10.254.N.1 <-> 10.254.N.2; ZooKeeper link: host
+10.254.N.5 <-> 10.254.N.6). A process run with :meth:`Namespace.argv` reaches Redis and
+ZooKeeper at the host ends (:meth:`Namespace.rehost`; they must listen there).
+:meth:`Namespace.cut` takes the ZooKeeper link down, :meth:`Namespace.blackhole` silently drops
+its packets, :meth:`Namespace.heal` undoes either; why two kinds: ``docs/fleet.md``. Needs root
+and iproute2 (:func:`unavailable_reason`), the black hole also ``iptables``
 (:func:`blackhole_unavailable_reason`).
 """
 
@@ -187,13 +171,17 @@ class Namespace:
         return ",".join(entries) + slash + chroot
 
     def cut(self) -> None:
-        """Set the ZooKeeper link down (see the module docstring)."""
+        """Set the host end of the ZooKeeper link down: packets are dropped both ways, with no
+        reset (an open connection sees silence); a new connection fails after about a second
+        ("No route to host"). The Redis link keeps working."""
         _ip("link", "set", self.links[1][0], "down")
         self.cut_now = True
 
     def blackhole(self) -> None:
-        """Drop every packet of the ZooKeeper link, both ways, silently (see the module
-        docstring); raises NetnsError (with nothing left behind) if a rule cannot be added."""
+        """Drop every packet of the ZooKeeper link, both ways, with the link up: open and new
+        connections alike see nothing at all. The rules sit in ``INPUT`` on both ends (one in
+        ``OUTPUT`` would make the sender's kernel report ``EPERM``). Raises NetnsError (with
+        nothing left behind) if a rule cannot be added."""
         try:
             for argv in self._drop_rules("-I"):
                 _run(argv)

@@ -1,26 +1,11 @@
 """The fleet's locked tasks: a critical section, exclusive or shared, recorded into Redis.
 
-Both tasks share one lock name (:data:`LOCK_NAME`) and take ``lock_key=["key"]``, so for one key
-the exclusive task takes the write side and the shared task the read side of the same
-ZooKeeper read-write lock: exclusive sections exclude everything, shared ones only exclusive ones.
-
-A section (:func:`run_section`) records ``enter`` with the lease's fencing token, holds the lock
-for ``hold_ms`` in slices of at most :data:`HOLD_SLICE_SECONDS`, checking the lease between them
-(``task.lock.check()``), then writes through the run's :class:`~celery_zklock.fence.RedisFence`,
-records the write's outcome, and records ``exit`` with how the section ended: ``"ok"``,
-``"lost"`` (:class:`~celery_zklock.LockLost`) or ``"error:<ExceptionType>"``. ``exit`` is also
-recorded when the body is interrupted. The write comes last on purpose: a holder paused during
-its hold past its session timeout, then resumed, writes after its successor took the lock, and
-that write is the one the fence must refuse.
-
-Records go to the Redis at the app setting ``fleet_record_url`` (``ZKLOCK_RECORD_URL``).
-
-A fault injector plants sections of its own (:mod:`workers.faults`): long ones, given a
-``release_key``, a Redis key whose appearance ends the hold early (checked every
-:data:`RELEASE_POLL_SECONDS`), so that a section planted for nothing costs no more than it must.
-
-The busy policy is the task's default (``wait`` up to 30 s, then fail with ``LockTimeout``) or
-per call: ``apply_async(args, zklock={"on_busy": "skip"})``.
+Both tasks share one lock name (:data:`LOCK_NAME`) and ``lock_key=["key"]``, so for one key the
+exclusive task takes the write side and the shared task the read side of the same read-write
+lock. A section (:func:`run_section`) records ``enter``, holds, writes through the run's fence,
+and records ``exit``; the write comes last on purpose (``docs/fleet.md``). Records go to the
+Redis at the app setting ``fleet_record_url``. A section planted by a fault injector is given a
+``release_key``: the hold ends early once that Redis key exists.
 """
 
 from __future__ import annotations
