@@ -22,7 +22,6 @@ import multiprocessing.context
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperServer
-from celery_zklock.testing.zookeeper import srvr
+from celery_zklock.testing.zookeeper import four_letter_word, srvr
 
 MIN_REPEATS = 5
 #: Session timeout of the worker processes' clients: long, so a busy machine expires none.
@@ -132,26 +131,10 @@ def redis_server() -> Iterator[RedisServer]:
         server.stop()
 
 
-def four_letter(port: int, word: str, timeout: float = 5.0) -> str:
-    """Send a ZooKeeper four-letter word to 127.0.0.1:``port``; the answer ("" if none)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(word.encode("ascii"))
-            chunks: list[bytes] = []
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except OSError:
-        return ""
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
 def mntr(port: int) -> dict[str, str]:
     """ZooKeeper's ``mntr`` answer as a dict (``zk_watch_count``, ``zk_znode_count``, ...)."""
     values: dict[str, str] = {}
-    for line in four_letter(port, "mntr").splitlines():
+    for line in (four_letter_word(port, "mntr", timeout=5.0) or "").splitlines():
         key, _, value = line.partition("\t")
         if key:
             values[key.strip()] = value.strip()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_zklock.testing.exclusion import Exclusion
 from celery_zklock.testing.witness import Overlap, Witness, check_witness
 
 
@@ -277,3 +278,23 @@ def test_overlap_between_processes_is_caught(tmp_path: Path) -> None:
     report = check_witness(path)
     assert report.overlaps == [Overlap(line_no=2, holder="b", mode="write", inside=("a",))]
     assert report.sections == 2
+
+
+# --- the overlap rule, as the fleet's checker uses it ----------------------------------------
+
+
+def test_exclusion_keeps_keys_apart_and_closes_a_dead_process() -> None:
+    inside: Exclusion[int] = Exclusion()  # a section keeps its process id
+    assert inside.enter("k1", "r1", False, 1) == []
+    assert inside.enter("k1", "r2", False, 2) == []  # readers together
+    assert inside.enter("k2", "w1", True, 1) == []  # another key
+    assert inside.enter("k1", "w2", True, 3) == [("r1", 1), ("r2", 2)]
+    assert inside.enter("k1", "r3", False, 3) == [("w2", 3)]  # a reader overlaps writers only
+    assert inside.shared("k1") == 3
+    with pytest.raises(ValueError, match="'r1' entered again while inside key 'k1'"):
+        inside.enter("k1", "r1", False, 1)
+    assert sorted(inside.close(lambda pid: pid == 1)) == [1, 1]  # r1 (k1) and w1 (k2)
+    assert inside.holders("k1") == ["r2", "w2", "r3"] and inside.holders("k2") == []
+    assert inside.exit("k1", "w2") == 3
+    assert inside.exit("k1", "w2") is None
+    assert list(inside) == [("r2", 2), ("r3", 3)]

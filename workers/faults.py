@@ -17,7 +17,6 @@ import posixpath
 import random
 import re
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.processes import pid_alive
-from celery_zklock.testing.zookeeper import partition_unavailable_reason
+from celery_zklock.testing.zookeeper import four_letter_word, partition_unavailable_reason
 from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
 from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
@@ -49,11 +48,9 @@ __all__ = [
     "FaultEnvironment",
     "FaultInjector",
     "OpenSections",
-    "count_ran",
     "describe_plan",
     "expire_session",
     "fault_order",
-    "four_letter_word",
     "kill_process",
     "parse_faults",
     "quiet_kazoo_logger",
@@ -167,26 +164,15 @@ def expire_session(hosts: str, session_id: int, timeout: float = 15.0) -> None:
 _SESSION_ID_RE: Final = re.compile(r"\bsid=0x([0-9a-fA-F]+)")
 
 
-def four_letter_word(port: int, word: str, host: str = "127.0.0.1", timeout: float = 2.0) -> str:
-    """ZooKeeper's answer to the four-letter word ``word`` on ``host:port``; "" if none."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(word.encode("ascii"))
-            chunks: list[bytes] = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-    except OSError:
-        return ""
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
 def session_member(ensemble: ZooKeeperEnsemble, session_id: int) -> int | None:
     """The myid of the running member whose client connections include session
     ``session_id`` (from each member's ``cons``), or None if none lists it."""
     for node in ensemble.nodes:
         if not node.is_running():
             continue
-        listed = {int(m, 16) for m in _SESSION_ID_RE.findall(four_letter_word(node.port, "cons"))}
+        listed = {
+            int(m, 16) for m in _SESSION_ID_RE.findall(four_letter_word(node.port, "cons") or "")
+        }
         if session_id in listed:
             return node.myid
     return None
@@ -984,12 +970,3 @@ def _restart_node(ensemble: ZooKeeperEnsemble, myid: int) -> None:
 def describe_plan(plan: Mapping[str, int]) -> str:
     """``kill x3, pause x3`` (``no faults`` for an empty plan)."""
     return ", ".join(f"{kind} x{n}" for kind, n in plan.items()) or "no faults"
-
-
-def count_ran(records: Sequence[FaultRecord]) -> dict[str, int]:
-    """Per kind, how many faults really ran."""
-    counts: dict[str, int] = {}
-    for record in records:
-        if record.ran:
-            counts[record.kind] = counts.get(record.kind, 0) + 1
-    return counts

@@ -1,11 +1,13 @@
-"""The local stack: ZooKeeper (standalone or ensemble) and Redis as child processes.
+"""The test rig that ships with the library: the local stack and what tests run on it.
 
-For tests, demos and benchmarks. Every server runs on free 127.0.0.1 ports with a private
-temporary directory, is ready only when it really serves (and the listening socket is its own),
-and never outlives the process that started it. The pytest fixtures built on this live in
-:mod:`celery_zklock.testing.plugin`.
+ZooKeeper (standalone or ensemble), Redis and a TCP proxy that can cut or silence a link, each
+on free 127.0.0.1 ports and never outliving the process that started it; a ``celery worker``
+launcher (:mod:`~celery_zklock.testing.celery_worker`); the mutual-exclusion witness and its
+overlap rule (:mod:`~celery_zklock.testing.witness`); pytest fixtures
+(:mod:`celery_zklock.testing.plugin`).
 """
 
+from celery_zklock.testing.celery_worker import CeleryWorker
 from celery_zklock.testing.processes import MissingDependency, StackError, free_port
 from celery_zklock.testing.proxy import TcpProxy
 from celery_zklock.testing.redis_server import RedisServer
@@ -18,6 +20,7 @@ from celery_zklock.testing.zookeeper import (
 )
 
 __all__ = [
+    "CeleryWorker",
     "MissingDependency",
     "RedisServer",
     "StackError",

@@ -1,22 +1,14 @@
-"""Child processes for the local stack: free ports, start/stop, port ownership, cleanup.
+"""Child processes of the local stack and the fleet: the managed-process base, free ports,
+port ownership, cleanup.
 
-Guarantees:
-
-* Every child is started in its own session (terminal Ctrl-C reaches only us, and we stop the
-  child in order) with ``PR_SET_PDEATHSIG=SIGKILL``: the kernel kills the child when its parent
-  dies, also when the parent is killed with SIGKILL and no Python code runs.
-  Caveat: the kernel sends that signal when the *thread* that forked the child exits, not when
-  the process does. Start children from a thread that lives as long as they should (the main
-  thread, as pytest fixtures and the CLI do); a child started from a short-lived worker thread is
-  killed when that thread ends.
-* Live children are kept in a registry. An ``atexit`` hook stops those still alive at interpreter
-  exit, and, when SIGTERM is not handled by anyone else, a SIGTERM handler kills them and removes
-  their temporary directories before the process dies of that SIGTERM as it would have.
-* :meth:`ChildProcess.stop` returns only once the process is gone (reaped): SIGTERM first,
-  SIGKILL after a short grace.
-* :func:`listener_is_owned_by` tells whether the socket that accepts connections on
-  ``127.0.0.1:<port>`` belongs to a given process, by comparing the socket inodes in
-  ``/proc/<pid>/fd`` with the LISTEN entries of ``/proc/net/tcp`` and ``/proc/net/tcp6``.
+:class:`ChildProcess`, the base of every process we manage, starts its program in its own
+session with ``PR_SET_PDEATHSIG=SIGKILL``: the kernel kills it when its parent dies, even of
+SIGKILL. That signal comes when the *thread* that forked the child exits, so start children from
+a thread that lives as long as they should (the main thread). Live children are registered: an
+``atexit`` hook, and a SIGTERM handler when nobody else handles SIGTERM, stop them and remove
+their temporary directories. :class:`Service` is the start/stop contract of every part of the
+stack; a server counts as ready only once the socket listening on its port is its own
+(:func:`listener_is_owned_by`, from ``/proc``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """A mutual-exclusion witness: a shared append-only log of critical sections, and its checker.
 
-Every process that takes a lock under test (Python or Java) appends one line right after it
-acquires and one right before it releases, to the same file, each line with a single
-``write()`` on a descriptor opened with ``O_APPEND``::
-
-    enter <holder-id> <read|write>
-    exit <holder-id> <read|write>
-
-The kernel serialises appends to one file, so the file is a total order of those events. If two
-holds really never overlapped, the first holder's ``exit`` precedes the second holder's
-``enter``. Hence an ``enter`` of a writer while anyone is inside, or of a reader while a writer is
-inside, proves that two holders held the lock at the same time. (The converse does not hold: a
-clean file does not prove the lock correct, only that this run caught no overlap.)
-
-The exclusive ``Mutex`` records its sections with mode ``write``. Holder ids must not contain
-whitespace and must be unique among holders that may be inside at the same time.
+Every process that takes a lock under test (Python or Java) appends ``enter <holder> <mode>``
+right after it acquires and ``exit <holder> <mode>`` right before it releases (mode ``read`` or
+``write``; ``Mutex`` records ``write``), each with one ``write()`` on an ``O_APPEND``
+descriptor. The kernel serialises appends to one file, so the file is a total order: an
+``enter`` that overlaps a holder inside (:mod:`celery_zklock.testing.exclusion`) proves that two
+held the lock at once; a clean file proves only that this run caught none. Holder ids have no
+whitespace and are unique among holders inside at the same time.
 """
 
 from __future__ import annotations

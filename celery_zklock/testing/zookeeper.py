@@ -1,25 +1,12 @@
 """Local ZooKeeper for tests, demos and benchmarks: one standalone server or an N-node ensemble.
 
-Each node is a JVM running ``org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg`` as our
-child (see :mod:`celery_zklock.testing.processes` for how it never outlives us), on free
-127.0.0.1 ports, with a private temporary directory (config, data, log) removed on stop.
-
-A node counts as serving only when (1) our child is alive, (2) the four-letter word ``srvr``
-answers with ``Mode: standalone|leader|follower`` (``ruok`` answers before the server serves),
-and (3) the socket listening on its client port (and, in an ensemble, its election port) is the
-child's own: a ``srvr`` answered by another program on that port is never taken for ours. When a
-start fails because a port was taken, it is retried with new ports; other failures raise
-:class:`StackError` with the end of the node's log.
-
-An ensemble made with ``isolatable=...`` runs those members under their own (otherwise unused)
-uids, and :meth:`ZooKeeperEnsemble.isolate` cuts one of them off from the other members while its
-client port stays reachable: see :class:`ZooKeeperEnsemble` and
-:func:`partition_unavailable_reason` (root, ``iptables``, ``setpriv``).
-
-ZooKeeper is found through ``zookeeper_home`` / ``$ZOOKEEPER_HOME`` (an unpacked Apache release:
-``lib/*.jar`` and ``*.jar``) or else Debian's ``/usr/share/java/zookeeper.jar``; java through
-``java`` / ``$JAVA_HOME/bin/java`` / ``PATH``. Missing ones raise :class:`MissingDependency` at
-start, naming the Debian package to install.
+Each node is a JVM (``QuorumPeerMain zoo.cfg``) run as our child on free 127.0.0.1 ports, with a
+private directory removed on stop. It serves once ``srvr`` answers with a mode (``ruok``
+answers before the server serves) from a listening socket that is the JVM's own; a start whose
+port was taken is retried with new ports. An ensemble's ``isolatable`` members can be cut off
+from the others (:meth:`ZooKeeperEnsemble.isolate`). ZooKeeper is found through
+``zookeeper_home``/``$ZOOKEEPER_HOME`` or Debian's jar, java through ``java``/``$JAVA_HOME``/
+``PATH``; a missing one raises :class:`MissingDependency` naming the Debian package.
 """
 
 from __future__ import annotations
@@ -56,6 +43,7 @@ __all__ = [
     "ZooKeeperNode",
     "ZooKeeperOptions",
     "ZooKeeperServer",
+    "four_letter_word",
     "partition_unavailable_reason",
     "srvr",
 ]
@@ -209,20 +197,27 @@ def _find_runtime(options: ZooKeeperOptions) -> _Runtime:
 # --------------------------------------------------------------------------------------- srvr
 
 
-def srvr(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str | None:
-    """Send the four-letter word ``srvr`` and return the answer, or None if nobody answered."""
+def four_letter_word(
+    port: int, word: str, *, host: str = "127.0.0.1", timeout: float = 2.0
+) -> str | None:
+    """ZooKeeper's answer to the four-letter word ``word`` (``srvr``, ``mntr``, ``cons``, ...)
+    on ``host:port``, or None if nobody answered. Reads at most 1 MiB."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"srvr")
+            sock.sendall(word.encode("ascii"))
             chunks: list[bytes] = []
-            while sum(map(len, chunks)) < 65536:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
+            received = 0
+            while received < 1 << 20 and (chunk := sock.recv(65536)):
                 chunks.append(chunk)
+                received += len(chunk)
     except OSError:
         return None
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def srvr(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str | None:
+    """The answer to ``srvr``, or None if nobody answered."""
+    return four_letter_word(port, "srvr", host=host, timeout=timeout)
 
 
 def _mode_of(answer: str | None) -> str | None:
