@@ -133,6 +133,33 @@ class Stack:
         return FaultInjector(env, {}, target_timeout=20.0, **kwargs)
 
 
+def _started(
+    cleanup: contextlib.ExitStack,
+    zookeeper: ZooKeeperServer | ZooKeeperEnsemble,
+    broker: RedisServer,
+    records_server: RedisServer,
+    main: str,
+) -> tuple[Settings, Celery, redis.Redis]:
+    """Start the servers (stopped by ``cleanup``); the fleet's settings, an app, a records
+    client."""
+    for server in (zookeeper, broker, records_server):
+        cleanup.callback(server.stop)
+        server.start()
+    settings = Settings(
+        zk_hosts=zookeeper.hosts,
+        broker_url=broker.url,
+        result_backend=records_server.url,
+        record_url=records_server.url,
+        session_timeout=SESSION_TIMEOUT,
+        visibility_timeout=VISIBILITY_TIMEOUT,
+    )
+    app = create_app(settings, main=main)
+    cleanup.callback(app.close)
+    records = redis.Redis.from_url(records_server.url)
+    cleanup.callback(records.close)
+    return settings, app, records
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """ZooKeeper, a persistent broker Redis, a records Redis, and three workers: prefork,
@@ -147,28 +174,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             client_address="0.0.0.0" if namespace is not None else "127.0.0.1"
         )
         broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
-        records_server = RedisServer(bind=bind)
-        for server in (zookeeper, broker, records_server):
-            cleanup.callback(server.stop)
-            server.start()
-        settings = Settings(
-            zk_hosts=zookeeper.hosts,
-            broker_url=broker.url,
-            result_backend=records_server.url,
-            record_url=records_server.url,
-            session_timeout=SESSION_TIMEOUT,
-            visibility_timeout=VISIBILITY_TIMEOUT,
+        settings, app, records = _started(
+            cleanup, zookeeper, broker, RedisServer(bind=bind), "test-faults"
         )
-        app = create_app(settings, main="test-faults")
-        cleanup.callback(app.close)
         specs = [WorkerSpec("prefork", "prefork", 2), WorkerSpec("threads", "threads", 2)]
         if namespace is not None:
             specs.append(WorkerSpec("netns", "threads", 2, namespace))
         fleet = Fleet(app, settings, specs, uuid.uuid4().hex[:8], tmp_path_factory.mktemp("fleet"))
         cleanup.callback(fleet.stop)
         fleet.start()
-        records = redis.Redis.from_url(records_server.url)
-        cleanup.callback(records.close)
         yield Stack(zookeeper, broker, settings, app, fleet, records, namespace)
 
 
@@ -246,14 +260,15 @@ def test_kill_of_a_threads_worker_restarts_it_and_its_task_runs_again(stack: Sta
 
     assert record.ran and "main process" in record.target, record
     assert before is not None and not pid_alive(before)
-    assert worker.is_running() and worker.pid != before
+    after = worker.pid
+    assert worker.is_running() and after is not None and after != before
     # Its message comes back after the visibility timeout and runs in the new process.
     value = result.get(timeout=VISIBILITY_TIMEOUT + 30)
-    assert value["pid"] == worker.pid and value["token"] != enter.token
+    assert value["pid"] == after and value["token"] != enter.token
     kinds = [(e.kind, e.pid) for e in _events(stack, run_id)]
     assert kinds.index(("enter", before)) < kinds.index(("killed", before))
-    assert kinds.index(("killed", before)) < kinds.index(("enter", worker.pid))
-    assert kinds[-1] == ("exit", worker.pid)
+    assert kinds.index(("killed", before)) < kinds.index(("enter", after))
+    assert kinds[-1] == ("exit", after)
 
 
 def test_pause_past_the_session_timeout_ends_the_task_with_lock_lost(stack: Stack) -> None:
@@ -437,25 +452,12 @@ def test_follower_partition_cuts_off_the_follower_its_holder_is_connected_to(
     with contextlib.ExitStack() as cleanup:
         # A follower cut off from its leader serves its clients for 10 s, past the 3 s timeout.
         ensemble = ZooKeeperEnsemble(3, isolatable=True, sync_limit_ticks=50)
-        broker, records_server = RedisServer(), RedisServer()
-        for server in (ensemble, broker, records_server):
-            cleanup.callback(server.stop)
-            server.start()
-        settings = Settings(
-            zk_hosts=ensemble.hosts,
-            broker_url=broker.url,
-            result_backend=records_server.url,
-            record_url=records_server.url,
-            session_timeout=SESSION_TIMEOUT,
-            visibility_timeout=VISIBILITY_TIMEOUT,
+        settings, app, records = _started(
+            cleanup, ensemble, RedisServer(), RedisServer(), "test-faults-fp"
         )
-        app = create_app(settings, main="test-faults-fp")
-        cleanup.callback(app.close)
         # The fault brings its own workers: the fleet starts with none.
         fleet = Fleet(app, settings, [], run_id, tmp_path_factory.mktemp("fleet-fp"))
         cleanup.callback(fleet.stop)
-        records = redis.Redis.from_url(records_server.url)
-        cleanup.callback(records.close)
         env = FaultEnvironment(
             run_id=run_id,
             records=records,
@@ -548,9 +550,14 @@ def test_broker_restart_under_running_and_queued_tasks_loses_nothing(stack: Stac
     # moment later: the fleet restarts it, as a load test run does, until every task is done.
     sent = [*running, queued]
     injector = stack.injector(run_id)
+
+    def settled() -> bool:
+        injector.revive()
+        return all(r.ready() for r in sent)
+
     try:
         assert wait_until(
-            lambda: injector.revive() is None and all(r.ready() for r in sent),
+            settled,
             timeout=VISIBILITY_TIMEOUT + 40,
             interval=0.25,
         ), [r.state for r in sent]
