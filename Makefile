@@ -5,10 +5,17 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint bench system-deps venv clean
+.PHONY: test test-unit test-recipes test-task test-fleet demo lint bench system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tiers: unit (no server, seconds), recipes (ZooKeeper, Redis), task (celery workers), fleet.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-recipes test-task test-fleet: system-deps $(STAMP)
+	$(BIN)/python -m pytest tests/$(@:test-%=%) $(PYTEST_ARGS)
 
 demo: system-deps $(STAMP)
 	$(BIN)/python -m workers demo

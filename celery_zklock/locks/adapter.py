@@ -15,8 +15,8 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
   ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
 
-:data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/test_adapter.py`` checks that the
-installed kazoo still has them, so an upgrade that removes one fails loudly in the test suite.
+:data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/unit/test_lease_clock.py`` checks
+that the installed kazoo still has them, so an upgrade that removes one fails loudly in the tests.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 
 from workers.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 ZOO_SERVICES = ("zoo1", "zoo2", "zoo3")

@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 from celery_zklock import cli
 from celery_zklock.cli import build_parser, main
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPORT_RE = re.compile(r"^export (ZKLOCK_HOSTS|ZKLOCK_BROKER_URL)=(\S+)$")
 
 
@@ -181,7 +181,7 @@ def test_stack_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_library_cli_has_only_the_library_commands(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The fleet's demo and loadtest are `python -m workers ...` (tests/test_demo.py).
+    # The fleet's demo and loadtest are `python -m workers ...` (tests/fleet/test_demo.py).
     assert [command.name for command in cli.COMMANDS] == ["stack"]
     assert "stack" in build_parser().format_help()
     for argv in (["demo"], ["loadtest"]):

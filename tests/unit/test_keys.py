@@ -34,7 +34,7 @@ from celery_zklock.keys import (
 )
 
 KEY_SHAPE = re.compile(r"^[A-Za-z0-9._,=+@-]{0,64}~[0-9a-f]{32}$")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sync_account(account_id: int, full: bool = False) -> None:
@@ -469,12 +469,12 @@ class Opaque:
 @pytest.mark.parametrize(
     ("value", "where", "type_name"),
     [
-        (Opaque(), "", "tests.test_keys.Opaque"),
+        (Opaque(), "", "tests.unit.test_keys.Opaque"),
         (lambda: 1, "", "function"),
-        ({"a": [1, Opaque()]}, " at payload['a'][1]", "tests.test_keys.Opaque"),
+        ({"a": [1, Opaque()]}, " at payload['a'][1]", "tests.unit.test_keys.Opaque"),
         ({1: "x"}, "", "dict"),
         ([{"k": {2: 3}}], " at payload[0]['k']", "dict"),
-        ((1, {Opaque()}), " at payload[1]{...}", "tests.test_keys.Opaque"),
+        ((1, {Opaque()}), " at payload[1]{...}", "tests.unit.test_keys.Opaque"),
         (Color, "", "enum.EnumType" if sys.version_info >= (3, 11) else "enum.EnumMeta"),
         (datetime.timedelta(1), "", "datetime.timedelta"),
         (complex(1, 2), "", "complex"),
@@ -563,7 +563,8 @@ def test_canonical_json_error_names_the_path() -> None:
     with pytest.raises(LockKeyError) as caught:
         canonical_json({"a": [Opaque()]})
     assert str(caught.value).startswith(
-        "cannot encode value['a'][0] of type tests.test_keys.Opaque: it has no stable encoding; "
+        "cannot encode value['a'][0] of type tests.unit.test_keys.Opaque: it has no stable "
+        "encoding; "
         "use None, bool, int"
     )
 

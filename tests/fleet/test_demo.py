@@ -31,7 +31,7 @@ from workers.record import SectionRecorder
 from workers.settings import Settings, SettingsError
 from workers.tasks import SHARED_TASK
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------------- settings
 

@@ -1,17 +1,15 @@
-"""The lease clock's numbers (pure), the negotiated session timeout, and kazoo's private hooks."""
+"""The lease clock's numbers (pure) and kazoo's private hooks; the negotiated timeout from a real
+server is in tests/recipes/test_negotiated_timeout.py."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.connection import ConnectionHandler
 
-from celery_zklock import ConfigurationError, Mutex
+from celery_zklock import ConfigurationError
 from celery_zklock.locks import adapter
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT, LeaseTiming
-from celery_zklock.testing.plugin import StackFactory
 
 TIMEOUTS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0, 30.0, 40.0, 60.0]
 
@@ -59,41 +57,3 @@ def test_kazoo_still_has_the_private_hooks_we_use() -> None:
     for owner, attribute in adapter.PRIVATE_HOOKS:
         assert hasattr(owners[owner], attribute), f"kazoo lost {owner}.{attribute}"
     assert getattr(ConnectionHandler._invoke, "__wrapped__", None) is not None
-
-
-def test_the_server_capped_timeout_is_known_for_a_client_started_first(
-    zk_stack_factory: StackFactory, lock_root: str
-) -> None:
-    """Deliver 2: asked 20 s, the server caps at 4 s, client started before any lock object."""
-    server = zk_stack_factory.server(max_session_timeout_ms=4000)
-    client = KazooClient(server.hosts, timeout=20)
-    client.start(timeout=15)
-    try:
-        assert Mutex(client, f"{lock_root}/k").session_timeout == 4.0
-    finally:
-        client.stop()
-        client.close()
-
-
-def test_an_unseen_handshake_is_learned_by_one_reconnect(
-    zk_stack_factory: StackFactory, lock_root: str
-) -> None:
-    """A client whose handshake happened before the hook (simulated by forgetting it) is made
-    to reconnect once, keeping its session; no lease is handed out before the timeout is known."""
-    server = zk_stack_factory.server(max_session_timeout_ms=4000)
-    client = KazooClient(server.hosts, timeout=20)
-    client.start(timeout=15)
-    try:
-        del client._connection._zklock_negotiated_timeout
-        assert adapter.negotiated_timeout(client) is None
-        session = client.client_id
-        mutex = Mutex(client, f"{lock_root}/k")
-        started = time.monotonic()
-        with mutex.acquire(timeout=10) as lease:
-            assert lease.held
-        assert adapter.negotiated_timeout(client) == 4.0
-        assert client.client_id == session  # same session, one reconnect
-        assert time.monotonic() - started < 10
-    finally:
-        client.stop()
-        client.close()

@@ -1,4 +1,5 @@
-"""The policy table: one test per row, on the pure table and through a real locked task."""
+"""The policy table's rows through a real locked task (called directly: the same code path as
+in a worker); the pure table is tested row by row in tests/unit/test_policy_table.py."""
 
 from __future__ import annotations
 
@@ -20,45 +21,8 @@ from celery_zklock import (
     ZooKeeperUnavailable,
     is_skipped,
 )
-from celery_zklock.policy import TABLE, Verdict, decide
 from celery_zklock.testing import free_port
 from tests.lockutil import expire_session, task_client, wait_for
-
-ROWS = [
-    ("busy", "skip", Verdict("skip")),
-    ("busy", "wait", Verdict("wait")),
-    ("busy", "retry", Verdict("retry", LockBusy)),
-    ("busy", "raise", Verdict("raise", LockBusy)),
-    ("timeout", "skip", Verdict("skip")),
-    ("timeout", "retry", Verdict("retry", LockTimeout)),
-    ("timeout", "raise", Verdict("raise", LockTimeout)),
-    ("lost", "retry", Verdict("retry", LockLost)),
-    ("lost", "raise", Verdict("raise", LockLost)),
-    ("unavailable", "retry", Verdict("retry", ZooKeeperUnavailable)),
-]
-
-
-def test_the_table_has_exactly_these_rows() -> None:
-    assert dict(TABLE) == {(s, p): v for s, p, v in ROWS}
-
-
-@pytest.mark.parametrize(("situation", "policy", "verdict"), ROWS)
-def test_row(situation: Any, policy: str, verdict: Verdict) -> None:
-    assert decide(situation, policy, in_worker=True) == verdict
-
-
-def test_unavailable_raises_outside_a_worker() -> None:
-    assert decide("unavailable", "retry", in_worker=False) == Verdict("raise", ZooKeeperUnavailable)
-    assert decide("busy", "retry", in_worker=False) == Verdict("retry", LockBusy)
-
-
-def test_policies_a_situation_does_not_have_are_refused() -> None:
-    for situation, policy in [("timeout", "wait"), ("lost", "skip"), ("lost", "wait")]:
-        with pytest.raises(KeyError):
-            decide(situation, policy, in_worker=True)  # type: ignore[arg-type]
-
-
-# -- the rows through a task: a direct call is the same code path as a worker's ---------------
 
 
 @pytest.fixture

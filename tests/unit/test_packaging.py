@@ -11,7 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "celery_zklock"
 REPO_ONLY = ("workers", "benchmarks", "tests", "compose")
 

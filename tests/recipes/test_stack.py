@@ -34,7 +34,7 @@ from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.processes import listener_is_owned_by, live_children
 from celery_zklock.testing.zookeeper import srvr
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------------- helpers

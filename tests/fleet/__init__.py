@@ -1,0 +1,1 @@
+"""Fleet tier: the worker fleet, its faults, the load test, the demo and the stack command."""

@@ -1,0 +1,1 @@
+"""Task tier: ZkLockTask called directly, eagerly and on real `celery worker` processes."""
