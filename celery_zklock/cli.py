@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 
+from celery_zklock import validate
 from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
 
 __all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
@@ -55,7 +56,7 @@ def _configure_stack(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument(
         "--zk-nodes",
-        type=_positive_int,
+        type=validate.argument(validate.positive_int),
         default=1,
         metavar="N",
         help="ZooKeeper nodes: 1 = standalone (default), N > 1 = an N-node ensemble",
@@ -64,13 +65,6 @@ def _configure_stack(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for start-up (default 60)"
     )
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from celery_zklock import validate
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks import adapter
 
@@ -52,11 +53,8 @@ class ClientConfig:
                 "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
                 "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
             )
-        if self.session_timeout <= 0:
-            raise ConfigurationError(
-                f"zklock_session_timeout must be a positive number of seconds, got "
-                f"{self.session_timeout!r}"
-            )
+        validate.seconds("zklock_session_timeout", self.session_timeout)
+        validate.seconds("zklock_connect_timeout", self.connect_timeout)
         if self.handler not in ("threading", "gevent"):
             raise ConfigurationError(
                 f"kazoo handler must be 'threading' or 'gevent', got {self.handler!r}"

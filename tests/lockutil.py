@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
+
+from celery_zklock.testing.zookeeper import four_letter_word
 
 
 def expire_session(hosts: str, client: KazooClient) -> None:
@@ -42,12 +43,10 @@ def wait_for(
 def four_letter(hosts: str, word: str) -> str:
     """Send a ZooKeeper four-letter word to the first host of ``hosts``; return the answer."""
     host, port = hosts.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(word.encode())
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
+    answer = four_letter_word(int(port), word, host=host, timeout=5.0)
+    if answer is None:
+        raise AssertionError(f"no answer to {word!r} from {host}:{port}")
+    return answer
 
 
 def watches_by_path(hosts: str) -> dict[str, list[str]]:

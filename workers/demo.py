@@ -1,4 +1,4 @@
-"""The local end-to-end demo (``make demo``, ``celery-zklock demo``): the load test, demo-sized.
+"""The local end-to-end demo (``make demo``, ``python -m workers demo``): the load test, demo-sized.
 
 :mod:`workers.loadtest` with defaults for about a minute on a laptop: a standalone ZooKeeper,
 a persistent broker Redis and a records Redis of our own, three workers (prefork, threads,
@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 COMMAND: Final = Subcommand(name="demo", help=_HELP, configure=_configure, run=_run)
-"""``celery-zklock demo``."""
+"""``python -m workers demo``."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -842,7 +842,7 @@ _HELP: Final = (
 COMMAND: Final = Subcommand(
     name="loadtest", help=_HELP, configure=configure_parser, run=run_command
 )
-"""``celery-zklock loadtest``."""
+"""``python -m workers loadtest``."""
 
 
 if __name__ == "__main__":

@@ -404,15 +404,6 @@ def test_task_outcome_from_celery_results() -> None:
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def run_id(redis_client: redis.Redis) -> Iterator[str]:
     run = f"test-{uuid.uuid4().hex}"
     yield run

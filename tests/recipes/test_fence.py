@@ -14,15 +14,6 @@ from celery_zklock.fence import FenceOutcome, FenceStats
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def fence(redis_client: redis.Redis) -> Iterator[RedisFence]:
     resource = RedisFence(redis_client, f"test-{uuid.uuid4().hex}")
     try:
