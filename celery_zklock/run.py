@@ -36,6 +36,9 @@ from celery_zklock.session import get_client
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
 
+MAX_LOOKS: Final = 3
+"""Try-locks a busy run makes while the holder keeps going before it can be named."""
+
 _held = threading.local()
 
 
@@ -134,6 +137,7 @@ class LockedRun:
         retries = request.retries or 0
         # A message handed out again may be a copy of a run that already finished.
         settled = not (request.delivery_info or {}).get("redelivered")
+        looks = 0
         while True:
             self.lease = side.acquire(blocking=False, data=identity)
             if self.lease is None:
@@ -142,6 +146,9 @@ class LockedRun:
                 if own is not None and own.retries >= retries:
                     settled = delivery.await_original(task, client, side, path, own, self._log)
                     continue
+                looks += 1
+                if delivery.blocker(queue, side.kind) is None and looks < MAX_LOOKS:
+                    continue  # the holder went between our try and our look: try again
                 skipped = self._when_busy(side, queue, identity, own is not None)
                 if self.lease is None:
                     return skipped
