@@ -197,7 +197,9 @@ def test_rabbitmq_broker_skip_mode(taskenv: TaskEnv, redis_url: str) -> None:
     queues = [f"zklock-test-{i}-{suffix}" for i in range(2)]
     try:
         started = [
-            start_worker(sender, pool, f"amqp{i}-{pool}", env, tmp, queue=queues[i])
+            # Node names unique on the machine: the RabbitMQ may be shared with another run
+            # (a worker's remote-control queue is named after its node).
+            start_worker(sender, pool, f"amqp{i}-{pool}-{os.getpid()}", env, tmp, queue=queues[i])
             for i, pool in enumerate(["prefork", "threads"])
         ]
         try:
