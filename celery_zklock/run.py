@@ -36,6 +36,8 @@ from celery_zklock.session import get_client
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
 
+LOST_TELL_WAIT: Final = 5.0
+"""Longest wait, at the end of an interrupted body, for the ``lost`` event to be told."""
 MAX_LOOKS: Final = 3
 """Try-locks a busy run makes while the holder keeps going before it can be named."""
 
@@ -204,12 +206,17 @@ class LockedRun:
         emit(task, "acquired", path, task_id=task_id, token=lease.token, mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
+        telling, told = threading.Event(), threading.Event()
 
         def on_lost(reason: str) -> None:
             # The lease clock's thread: interrupt first, then tell (log, receivers).
-            if interruption is not None:
-                interruption.fire(reason)
-            emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason)
+            telling.set()
+            try:
+                if interruption is not None:
+                    interruption.fire(reason)
+                emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason)
+            finally:
+                told.set()
 
         stack: list[Lease] = _held.__dict__.setdefault("stack", [])
         try:
@@ -230,6 +237,8 @@ class LockedRun:
                 lease.remove_on_lost(on_lost)
                 if stack and stack[-1] is lease:
                     stack.pop()
+                if telling.is_set():  # receivers hear "lost" before "released"
+                    told.wait(LOST_TELL_WAIT)
 
     def _release(self) -> None:
         lease = self.lease

@@ -300,9 +300,10 @@ def test_an_ensemble_retries_when_a_client_port_is_taken(fake_zookeeper: FakeSer
 def test_a_fake_redis_is_not_taken_for_ours() -> None:
     fake = FakeServer(b"+PONG\r\n")
     try:
+        # Refused either by the readiness probe (it asked the fake and saw it was not ours) or
+        # because redis-server could not bind: which comes first depends on the machine's load.
         with pytest.raises(StackError):
             RedisServer(port_picker=lambda: fake.port, start_attempts=1).start()
-        assert fake.answered > 0
         with RedisServer(port_picker=forced_ports(fake.port)) as server:
             assert server.port != fake.port
             assert redis.Redis.from_url(server.url).ping()
