@@ -54,7 +54,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock.locks.contenders import queue_of
-from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.locks.context import Deadline, wait_result, wait_slice
 
 logger = logging.getLogger("celery_zklock")
 
@@ -62,8 +62,6 @@ RESULT_SETTLE_SECONDS = 2.0
 """How long a copy whose original's node went waits for the original's result to appear."""
 Event = Callable[..., None]
 """How the task logs an event: ``event(name, path, **fields)``."""
-WAIT_SLICE = 0.1
-"""Longest single blocking wait (an exception thrown into a waiting thread lands between)."""
 
 
 def dead_holder_bound(side: Any) -> float:
@@ -160,18 +158,16 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
     set on a session that then expired never fires). Raises ZooKeeperUnavailable when
     ZooKeeper does not answer.
     """
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     fired = client.handler.event_object()
     what = f"waiting for {node} to go"
     while True:
         fired.clear()
         watched = client.exists_async(node, watch=lambda _: fired.set())
-        if wait_result(watched, Deadline(deadline - time.monotonic() + 5), what):
-            remaining = deadline - time.monotonic()
-            while remaining > 0 and not fired.is_set():
-                fired.wait(min(WAIT_SLICE, remaining))
-                remaining = deadline - time.monotonic()
-            if fired.is_set() and remaining > 0:
+        if wait_result(watched, Deadline((deadline.remaining() or 0.0) + 5), what):
+            while not deadline.expired() and not fired.is_set():
+                fired.wait(wait_slice(deadline))
+            if fired.is_set() and not deadline.expired():
                 continue
             return wait_result(client.exists_async(node), Deadline(5.0), what) is None
         return True
