@@ -7,6 +7,8 @@
   :mod:`workers.demo`).
 - ``python -m workers loadtest [options]``: a load test on a local or an existing fleet
   (:mod:`workers.loadtest`).
+- ``python -m workers fleet [options]``: the load test on the compose fleet, images, Docker
+  and clean-up included (``make fleet``, :mod:`workers.compose_run`).
 
 The fleet is a folder of the repository, not part of the library's wheel: run it from the
 repository root, or with the root on ``PYTHONPATH`` (the compose image does that).
@@ -94,16 +96,17 @@ def run_worker(extra: Sequence[str] = ()) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``demo`` and ``loadtest``; ``worker`` is listed, but :func:`main` hands its
-    arguments to ``celery worker`` unparsed."""
-    from workers import demo, loadtest  # not at the top: `worker` must import them after patching
+    """The parser of ``demo``, ``loadtest`` and ``fleet``; ``worker`` is listed, but
+    :func:`main` hands its arguments to ``celery worker`` unparsed."""
+    # Not at the top: `worker` must import them after patching.
+    from workers import compose_run, demo, loadtest
 
     parser = argparse.ArgumentParser(
         prog=PROG, description="The celery-zklock worker fleet, its demo and its load test."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     subparsers.add_parser("worker", help=WORKER_HELP, add_help=False)
-    for command in (demo.COMMAND, loadtest.COMMAND):
+    for command in (demo.COMMAND, loadtest.COMMAND, compose_run.COMMAND):
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub)
         sub.set_defaults(_command=command, _parser=sub)

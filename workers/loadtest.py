@@ -45,6 +45,8 @@ from celery_zklock.validate import argument, positive_int, seconds
 from workers.app import create_app
 from workers.chatter import IN_PROCESS_POOLS
 from workers.checker import RunReport, TaskOutcome, check_run
+from workers.compose import ComposeProject
+from workers.docker_faults import DOCKER_FAULT_KINDS, DockerFaultInjector
 from workers.faults import (
     FaultEnvironment,
     FaultInjector,
@@ -94,12 +96,19 @@ NETNS_FAULTS: Final = frozenset({"partition", "blackhole"})
 
 @dataclass(frozen=True)
 class External:
-    """An existing fleet to run against (``--zk-hosts``, ``--broker``, ...)."""
+    """An existing fleet to run against (``--zk-hosts``, ``--broker``, ...). ``workers``: how
+    many must answer a ping before the run starts; ``slots``: the tasks they run at once.
+    ``visibility_timeout``: the workers' (when known). ``compose``: the compose project the
+    fleet is, whose faults then go through Docker."""
 
     zk_hosts: str
     broker: str
     record_url: str
     result_backend: str
+    workers: int = 1
+    slots: int = 4
+    visibility_timeout: float | None = None
+    compose: ComposeProject | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ class _Run:
     broker: RedisServer | None = None
     namespaces: list[Namespace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    external: External | None = None
 
 
 class _Progress:
@@ -482,18 +492,28 @@ def _start_external(
         session_timeout=config.session_timeout,
         zk_root=config.zk_root,
     )
+    if external.visibility_timeout is not None:
+        settings = replace(settings, visibility_timeout=external.visibility_timeout)
     run = _client_side(config, run_id, settings, cleanup)
+    run.external = external
     deadline = time.monotonic() + config.start_timeout
-    while not run.app.control.ping(timeout=1.0):
+    while len(run.app.control.ping(timeout=1.0)) < external.workers:
         if time.monotonic() >= deadline:
             raise StackError(
-                f"no worker answered a ping on {external.broker} within "
-                f"{config.start_timeout:.0f} s"
+                f"fewer than {external.workers} workers answered a ping on {external.broker} "
+                f"within {config.start_timeout:.0f} s"
             )
-    local = ", ".join(kind for kind in FAULT_KINDS if kind != "expire")
-    run.notes.append(
-        f"external run: {local} faults need local processes and are recorded as not run"
-    )
+    if external.compose is not None:
+        local = ", ".join(kind for kind in FAULT_KINDS if kind not in DOCKER_FAULT_KINDS)
+        run.notes.append(
+            f"compose project {external.compose.name}: faults go through Docker; {local} "
+            "faults need local processes and are recorded as not run"
+        )
+    else:
+        local = ", ".join(kind for kind in FAULT_KINDS if kind != "expire")
+        run.notes.append(
+            f"external run: {local} faults need local processes and are recorded as not run"
+        )
     return run
 
 
@@ -547,8 +567,8 @@ def run_loadtest(config: LoadConfig, out: TextIO | None = None, err: TextIO | No
             say(f"celery-zklock {config.name}: could not start: {exc}")
             return 1
         _describe_start(config, run, log_dir, time.monotonic() - began, say)
-        report = _drive(config, run, err or sys.stderr, say)
-        paths = write_reports(report, out_dir)
+        report, records = _drive(config, run, err or sys.stderr, say)
+        paths = write_reports(report, out_dir, **records)
         say(f"reports: {paths['html']} (also report.json, summary.txt)")
         lines = report.summary_lines()
         for line in lines:
@@ -596,30 +616,20 @@ def _describe_start(
         say(f"note: {note}")
 
 
-def _drive(config: LoadConfig, run: _Run, err: TextIO, say: Callable[[str], None]) -> RunReport:
-    """Send, inject, collect; then count leftovers and check everything."""
+def _drive(
+    config: LoadConfig, run: _Run, err: TextIO, say: Callable[[str], None]
+) -> tuple[RunReport, dict[str, Any]]:
+    """Send, inject, collect; then count leftovers and check everything. Returns the report
+    and what the HTML report's timeline draws (``write_reports``' ``events``, ``faults`` and
+    ``start``)."""
     plan = plan_workload(config)
     progress = _Progress(len(plan))
-    injector = (
-        FaultInjector(
-            FaultEnvironment(
-                run_id=run.run_id,
-                records=run.records,
-                zk_hosts=run.settings.zk_hosts,
-                session_timeout=run.settings.session_timeout,
-                fleet=run.fleet,
-                zookeeper=run.zookeeper,
-                broker=run.broker,
-            ),
-            config.faults,
-            seed=config.seed,
-            gap=config.fault_gap,
-        )
-        if config.faults
-        else None
-    )
+    injector = _injector(config, run) if config.faults else None
     stop = threading.Event()
-    slots = sum(w.spec.concurrency for w in run.fleet) if run.fleet is not None else 4
+    if run.fleet is not None:
+        slots = sum(w.spec.concurrency for w in run.fleet)
+    else:
+        slots = run.external.slots if run.external is not None else 4
     sender = threading.Thread(
         target=_send_all,
         args=(run.app, run.run_id, plan, config, progress),
@@ -675,13 +685,33 @@ def _drive(config: LoadConfig, run: _Run, err: TextIO, say: Callable[[str], None
     with progress.lock:
         submitted, outcomes = dict(progress.submitted), dict(progress.outcomes)
     say(f"tasks sent and settled in {elapsed:.1f} s")
-    return check_run(
+    report = check_run(
         submitted=submitted,
         outcomes=outcomes,
         events=events,
         faults=faults,
         leftover_nodes=leftovers,
     )
+    start = min(submitted.values(), default=None)
+    return report, {"events": events, "faults": faults, "start": start}
+
+
+def _injector(config: LoadConfig, run: _Run) -> FaultInjector:
+    env = FaultEnvironment(
+        run_id=run.run_id,
+        records=run.records,
+        zk_hosts=run.settings.zk_hosts,
+        session_timeout=run.settings.session_timeout,
+        fleet=run.fleet,
+        zookeeper=run.zookeeper,
+        broker=run.broker,
+    )
+    compose = run.external.compose if run.external is not None else None
+    if compose is not None:
+        return DockerFaultInjector(
+            env, config.faults, compose, seed=config.seed, gap=config.fault_gap
+        )
+    return FaultInjector(env, config.faults, seed=config.seed, gap=config.fault_gap)
 
 
 def _fault_line(record: FaultRecord) -> str:
@@ -749,6 +779,10 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
     external.add_argument("--record-url", help="Redis URL of the section records (--broker)")
     external.add_argument("--result-backend", help="result backend URL (--record-url)")
     external.add_argument("--zk-root", default=d.zk_root, help=f"lock root ({d.zk_root})")
+    external.add_argument(
+        "--compose-project", metavar="NAME",
+        help="the external fleet is this docker-compose project of compose/docker-compose.yml: "
+        "its faults go through Docker (docs/compose.md)")  # fmt: skip
 
 
 def config_from_args(
@@ -763,12 +797,19 @@ def config_from_args(
                 parser.error(message)
             raise ValueError(message)
         record_url = args.record_url or args.broker
+        compose = ComposeProject(args.compose_project) if args.compose_project else None
         external = External(
             zk_hosts=args.zk_hosts,
             broker=args.broker,
             record_url=record_url,
             result_backend=args.result_backend or record_url,
+            compose=compose,
         )
+    elif args.compose_project:
+        message = "--compose-project needs --zk-hosts and --broker (`workers fleet` sets them)"
+        if parser is not None:
+            parser.error(message)
+        raise ValueError(message)
     return LoadConfig(
         tasks=args.tasks,
         keys=args.keys,

@@ -1,0 +1,248 @@
+"""The fault kinds through Docker, for a fleet on Docker Compose (:mod:`workers.compose`).
+
+:class:`DockerFaultInjector` is the :class:`~workers.faults.FaultInjector` of a compose run: the
+same plan, the same targets (a worker inside a section, found from the run's records) and the
+same records, with the fault made by Docker:
+
+- ``kill``: ``docker kill`` of the holder's worker container, then ``docker start``; every
+  section open in it is recorded as killed.
+- ``pause``: ``docker pause`` of the holder's container (every process in it) until the server
+  expired the holder's session, then ``docker unpause``; the sections open in it are recorded
+  as paused (a forced loss, as with SIGSTOP).
+- ``partition``: ``docker network disconnect`` of the holder's container from the project's
+  ``coordination`` network (ZooKeeper only: Redis is on ``data``) until its session expired,
+  then ``docker network connect``.
+- ``leader``: ``docker kill`` of the ZooKeeper leader's container, then ``docker start`` once
+  another node leads.
+- ``redis_restart``: ``docker kill`` and ``docker start`` of the broker's container (its
+  append-only file, fsync always, keeps every message).
+- ``expire`` works as in every run (through ZooKeeper). ``blackhole`` and ``follower_partition``
+  need local processes and are recorded as not run.
+
+A worker container found stopped between faults is started again (:meth:`revive`), its open
+sections first recorded as killed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Final
+
+import redis
+
+from celery_zklock.testing.zookeeper import four_letter_word
+from workers.compose import WORKER_SERVICE, ZOO_SERVICES, ComposeProject, Container, docker
+from workers.faults import (
+    FaultEnvironment,
+    FaultInjector,
+    _NotRun,
+    _Target,
+    _wait_for,
+)
+from workers.record import FaultRecord
+
+__all__ = ["DOCKER_FAULT_KINDS", "DockerFaultInjector"]
+
+DOCKER_FAULT_KINDS: Final = ("kill", "pause", "partition", "leader", "redis_restart", "expire")
+"""The kinds a compose run injects; the others are recorded as not run."""
+COORDINATION_NETWORK: Final = "coordination"
+SERVE_TIMEOUT: Final = 60.0
+
+
+class DockerFaultInjector(FaultInjector):
+    """A :class:`FaultInjector` whose faults go through Docker to ``compose``'s containers."""
+
+    def __init__(
+        self,
+        env: FaultEnvironment,
+        plan: Mapping[str, int],
+        compose: ComposeProject,
+        **kwargs: float,
+    ) -> None:
+        super().__init__(env, plan, **kwargs)  # type: ignore[arg-type]
+        self.compose = compose
+
+    # -- between faults -----------------------------------------------------------------
+    def revive(self) -> None:
+        """Start worker containers that stopped on their own, first recording their open
+        sections as killed."""
+        for container in self.compose.containers(WORKER_SERVICE):
+            if not container.running:
+                self._record_container_deaths(container)
+                docker("start", container.id)
+
+    def _record_container_deaths(self, container: Container) -> None:
+        now = time.time()
+        for hostname, pid in self._open_in(container):
+            self._recorder.record_kill(hostname, pid, now)
+
+    def _open_in(self, container: Container) -> list[tuple[str, int]]:
+        """(node name, pid) of every process with a section open in ``container``."""
+        return sorted(
+            {
+                (e.hostname, e.pid)
+                for e in self._sections.refresh()
+                if e.hostname.rpartition("@")[2] == container.hostname
+            }
+        )
+
+    # -- targets ------------------------------------------------------------------------
+    def _held_in_container(self) -> tuple[_Target, Container]:
+        """A holder (see ``FaultInjector._holder``) and its worker container."""
+        while True:
+            target = self._holder(local=False)
+            container = self.compose.worker_of(target.event.hostname)
+            if container is not None and container.running and not container.paused:
+                return target, container
+            if self._stop.is_set():
+                raise _NotRun("the run ended before a target was found")
+            time.sleep(0.05)
+
+    def _describe(self, target: _Target, container: Container) -> str:
+        return f"{target.describe()} in container {container.name}"
+
+    # -- the faults -----------------------------------------------------------------------
+    def _kill(self) -> FaultRecord:
+        target, container = self._held_in_container()
+        described = self._describe(target, container)
+        killed_at = time.time()
+        docker("kill", container.id)
+        self._record_container_deaths(container)
+        started = time.monotonic()
+        docker("start", container.id)
+        detail = (
+            f"docker kill of the worker container; docker start after "
+            f"{time.monotonic() - started:.1f} s; its messages return after the broker's "
+            "visibility timeout"
+        )
+        return FaultRecord("kill", killed_at, described, True, detail)
+
+    def _pause(self) -> FaultRecord:
+        while True:
+            target, container = self._held_in_container()
+            paused_at = time.time()
+            started = time.monotonic()
+            docker("pause", container.id)
+            if self._still_holding(target):
+                break
+            docker("unpause", container.id)  # it let go before the pause landed: aim again
+        now = time.time()
+        for hostname, pid in self._open_in(container):
+            self._recorder.record_forced_loss("paused", hostname, pid, now)
+
+        def unpause() -> None:
+            docker("unpause", container.id, check=False)
+
+        with self._undo_on_exit(unpause):
+            expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
+        paused = time.monotonic() - started
+        detail = f"docker pause of the worker container for {paused:.1f} s" + (
+            f" (the server expired the holder's session after {expired_after:.1f} s), then "
+            "docker unpause"
+            if expired_after is not None
+            else ", unpaused before its session expired"
+        )
+        return FaultRecord("pause", paused_at, self._describe(target, container), True, detail)
+
+    def _partition(self) -> FaultRecord:
+        network = self.compose.network(COORDINATION_NETWORK)
+        while True:
+            target, container = self._held_in_container()
+            cut_at = time.time()
+            started = time.monotonic()
+            docker("network", "disconnect", network, container.id)
+            if self._still_holding(target):
+                break
+            docker("network", "connect", network, container.id)  # it let go first: aim again
+
+        def heal() -> None:
+            docker("network", "connect", network, container.id, check=False)
+
+        with self._undo_on_exit(heal):
+            expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
+        cut_for = time.monotonic() - started
+        detail = f"docker network disconnect from {network} for {cut_for:.1f} s" + (
+            f" (the server expired the session after {expired_after:.1f} s), then reconnected"
+            if expired_after is not None
+            else ", reconnected before the session expired"
+        )
+        return FaultRecord("partition", cut_at, self._describe(target, container), True, detail)
+
+    def _leader(self) -> FaultRecord:
+        self._under_load()
+        leader = self._zoo_leader(timeout=SERVE_TIMEOUT)
+        if leader is None:
+            raise _NotRun(f"no ZooKeeper node led within {SERVE_TIMEOUT:g} s")
+        container = self.compose.container(leader)
+        killed_at = time.time()
+        started = time.monotonic()
+        docker("kill", container.id)
+
+        def restart() -> None:
+            docker("start", container.id, check=False)
+
+        with self._undo_on_exit(restart):
+            successor = self._zoo_leader(timeout=SERVE_TIMEOUT, besides=leader)
+            elected = time.monotonic() - started
+        if not _wait_for(lambda: self._zoo_mode(leader) is not None, SERVE_TIMEOUT, 0.2):
+            raise _NotRun(f"{leader} killed, but not serving {SERVE_TIMEOUT:g} s after start")
+        back = time.monotonic() - started
+        detail = (
+            f"docker kill of the leader's container; {successor or 'no node'} led after "
+            f"{elected:.2f} s; {leader} started again and serving after {back:.2f} s"
+        )
+        return FaultRecord(
+            "leader", killed_at, f"ZooKeeper {leader} ({container.name})", True, detail
+        )
+
+    def _zoo_mode(self, service: str) -> str | None:
+        """``leader``/``follower`` as ``service`` answers ``srvr``, or None."""
+        answer = four_letter_word(self.compose.port(service, 2181), "srvr") or ""
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def _zoo_leader(self, timeout: float, besides: str = "") -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for service in ZOO_SERVICES:
+                if service != besides and self._zoo_mode(service) == "leader":
+                    return service
+            time.sleep(0.1)
+        return None
+
+    def _redis_restart(self) -> FaultRecord:
+        self._under_load()
+        container = self.compose.container("redis")
+        url = self.compose.broker_url()
+        killed_at = time.time()
+        started = time.monotonic()
+        docker("kill", container.id)
+        docker("start", container.id)
+        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        try:
+            answered = _wait_for(lambda: _pings(client), SERVE_TIMEOUT, 0.05)
+        finally:
+            client.close()
+        down = time.monotonic() - started
+        if not answered:
+            raise _NotRun(f"the broker did not answer {SERVE_TIMEOUT:g} s after docker start")
+        detail = f"docker kill and docker start of the broker's container; down {down:.2f} s"
+        return FaultRecord(
+            "redis_restart", killed_at, f"broker Redis ({container.name})", True, detail
+        )
+
+    def _blackhole(self) -> FaultRecord:
+        raise _NotRun("not injected through Docker (local runs only: a network namespace)")
+
+    def _follower_partition(self) -> FaultRecord:
+        raise _NotRun("not injected through Docker (local runs only: iptables on the host)")
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
