@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-unit test-recipes test-task test-fleet demo lint bench system-deps venv clean
+.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -19,6 +19,13 @@ test-recipes test-task test-fleet: system-deps $(STAMP)
 
 demo: system-deps $(STAMP)
 	$(BIN)/python -m workers demo
+
+# The fleet on Docker Compose, start to end: dockerd (started as root if none runs, stopped
+# again), images from Debian packages, N worker containers, faults through Docker, a report.
+# FLEET_ARGS passes load test options, e.g. FLEET_ARGS="--workers 8 --tasks 2000".
+FLEET_ARGS ?=
+fleet: system-deps $(STAMP)
+	$(BIN)/python -m workers fleet $(FLEET_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

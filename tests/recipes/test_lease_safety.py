@@ -46,8 +46,10 @@ from celery_zklock.testing.proxy import TcpProxy
 from celery_zklock.testing.zookeeper import ZooKeeperEnsemble, partition_unavailable_reason
 
 TRIALS = 20
-MAX_TRIALS = 40
-"""Void trials (setup failed, lease lost before the cut) are run again, up to this many in all."""
+MAX_TRIALS = 80
+"""Void trials (setup failed, lease lost before the cut) are run again, up to this many in all.
+Under twice the usual load, the follower case (T = 2 s, the tightest the rule allows) saw 21 of
+40 trials void: the holder counted its lease lost before the cut, the safe way to be wrong."""
 BATCH = 20
 """Black-hole trials run at the same time (each its own proxy, clients and lock path)."""
 ROUND = 4
@@ -435,6 +437,7 @@ def follower_ensemble(zk_stack_factory: StackFactory) -> Iterator[ZooKeeperEnsem
 
 @pytest.mark.slow
 @pytest.mark.ensemble
+@pytest.mark.timeout(900)  # rounds of void trials run again under load
 def test_d_holder_on_follower_cut_off_from_leader(
     follower_ensemble: ZooKeeperEnsemble, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,9 @@
-"""compose/: the Compose file validates and describes the fleet the README promises.
+"""compose/: the Compose file validates and describes the fleet the README promises, and its
+images are made as docs/compose.md says (Debian packages, wheels staged by the host).
 
-No Docker engine is needed: ``docker-compose config`` validates and normalises the file offline.
+No Docker engine is needed: ``docker-compose config`` validates and normalises the file offline;
+the ZooKeeper entrypoint runs here with a stand-in ``java``. The fleet itself runs in
+tests/fleet/test_compose_fleet.py.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any
 
 import pytest
 
+from workers.compose import IMAGES, WORKER_REQUIREMENTS
 from workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
-DOCKERFILE = ROOT / "compose" / "Dockerfile"
+DOCKERFILE = ROOT / "compose" / "worker" / "Dockerfile"
+ENTRYPOINT = ROOT / "compose" / "zookeeper" / "entrypoint"
 ZOO_SERVICES = ("zoo1", "zoo2", "zoo3")
 SERVER_LINE = re.compile(r"^server\.(\d+)=([\w.-]+):2888:3888;2181$")
 
@@ -116,9 +121,7 @@ def test_compose_file_validates() -> None:
 
 def test_zookeeper_ensemble_is_consistent(config: dict[str, Any]) -> None:
     services = config["services"]
-    zoo = {
-        name: s for name, s in services.items() if str(s.get("image", "")).startswith("zookeeper")
-    }
+    zoo = {name: s for name, s in services.items() if s.get("image") == IMAGES["zookeeper"]}
     assert sorted(zoo) == list(ZOO_SERVICES)
 
     ids = {name: _environment(s)["ZOO_MY_ID"] for name, s in zoo.items()}
@@ -131,17 +134,67 @@ def test_zookeeper_ensemble_is_consistent(config: dict[str, Any]) -> None:
     # server.N names the node whose ZOO_MY_ID is N.
     assert {m.group(1): m.group(2) for m in entries if m} == {v: k for k, v in ids.items()}
 
-    for name, service in zoo.items():
-        whitelist = _environment(service)["ZOO_4LW_COMMANDS_WHITELIST"].split(",")
-        assert {"srvr", "ruok", "mntr", "cons", "wchs", "wchc", "dump"} <= set(whitelist)
-        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    # Healthy once serving: the image's own check (the workers wait for it).
+    zoo_image = (ROOT / "compose" / "zookeeper" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^HEALTHCHECK .*srvr.*Mode: \(leader\|follower", zoo_image, re.M | re.S)
+
+
+def test_every_image_is_one_the_fleet_builds(config: dict[str, Any]) -> None:
+    used = {str(s["image"]) for s in config["services"].values()}
+    assert used == set(IMAGES.values())
+    assert all("build" not in s for s in config["services"].values()), (
+        "images come from `python -m workers fleet` / build_images, never a compose build"
+    )
+    for name in IMAGES:
+        text = (ROOT / "compose" / name / "Dockerfile").read_text(encoding="utf-8")
+        # One base argument, Debian's packages: nothing from Docker Hub but the base.
+        assert re.search(r"^ARG BASE=debian:bookworm-slim$", text, re.MULTILINE), name
+        assert re.search(r"^FROM \$\{BASE\}", text, re.MULTILINE), name
+        assert "apt-get install" in text, name
+
+
+def test_zookeeper_is_reached_on_its_own_network(config: dict[str, Any]) -> None:
+    # A partition cuts a worker from `coordination` alone: Redis must not be on it.
+    networks = {name: set(s["networks"]) for name, s in config["services"].items()}
+    assert all(networks[zoo] == {"coordination"} for zoo in ZOO_SERVICES)
+    assert networks["redis"] == networks["records"] == {"data"}
+    assert networks["worker"] == {"coordination", "data"}
+
+
+def test_zookeeper_entrypoint_writes_the_ensemble_config(tmp_path: Path) -> None:
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "java").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ZOO_DATA_DIR/java-args"\n')
+    (stand_in / "java").chmod(0o755)
+    env = {
+        "PATH": f"{stand_in}:/usr/bin:/bin",
+        "ZOO_DATA_DIR": str(tmp_path / "data"),
+        "ZOO_MY_ID": "2",
+        "ZOO_SERVERS": "server.1=zoo1:2888:3888;2181 server.2=zoo2:2888:3888;2181",
+        "ZOO_TICK_TIME": "500",
+        "ZOO_CONTAINER_CHECK_MS": "250",
+    }
+    subprocess.run(["bash", str(ENTRYPOINT)], env=env, check=True, timeout=30)
+    data = tmp_path / "data"
+    config = dict(
+        line.split("=", 1) for line in (data / "zoo.cfg").read_text().splitlines() if "=" in line
+    )
+    assert config["tickTime"] == "500"
+    assert config["minSessionTimeout"] == "1000"  # 2 x tick: the lease clock's rule
+    assert config["server.1"] == "zoo1:2888:3888;2181"
+    assert config["server.2"] == "zoo2:2888:3888;2181"
+    assert config["4lw.commands.whitelist"] == "*"
+    assert (data / "myid").read_text().strip() == "2"
+    args = (data / "java-args").read_text().split()
+    assert "-Dznode.container.checkIntervalMs=250" in args
+    assert args[-2:] == ["org.apache.zookeeper.server.quorum.QuorumPeerMain", str(data / "zoo.cfg")]
 
 
 def test_redis_services(config: dict[str, Any]) -> None:
     for name in ("redis", "records"):
-        service = config["services"][name]
-        assert str(service["image"]).startswith("redis"), name
-        assert service.get("healthcheck", {}).get("test"), name
+        assert config["services"][name]["image"] == IMAGES["redis"], name
+    redis_image = (ROOT / "compose" / "redis" / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^HEALTHCHECK .*redis-cli.*ping", redis_image, re.M | re.S)
     # The broker survives a restart without losing a message; the records server is apart.
     broker = _command(config["services"]["redis"])
     assert broker[broker.index("--appendonly") + 1] == "yes"
@@ -173,10 +226,7 @@ def test_worker_service_scales(config: dict[str, Any]) -> None:
     assert _command(worker) == ["python", "-m", "workers", "worker"]
     assert "container_name" not in worker
     assert not worker.get("ports"), "a fixed host port would stop --scale worker=N"
-
-    build = worker["build"]
-    assert Path(build["context"]).resolve() == ROOT
-    assert build["dockerfile"] == "compose/Dockerfile"
+    assert worker["image"] == IMAGES["worker"]
 
     env = _environment(worker)
     assert env["ZKLOCK_HOSTS"] == "zoo1:2181,zoo2:2181,zoo3:2181"
@@ -216,17 +266,19 @@ def test_worker_settings_come_from_the_environment() -> None:
     assert worker_env["ZKLOCK_SESSION_TIMEOUT"] == "3"
 
 
-def test_dockerfile_installs_the_project() -> None:
+def test_worker_dockerfile_installs_staged_wheels_offline() -> None:
     text = DOCKERFILE.read_text(encoding="utf-8")
-    assert re.search(r"^FROM python:3\.11-slim\b", text, re.MULTILINE)
-    assert re.search(r"^RUN pip install \.(\s|$)", text, re.MULTILINE)
-    # Every COPY source the package build needs must exist in the build context.
+    # No index: only the wheels build_images staged, with the requirements it wrote.
+    assert re.search(
+        r"pip install -q --no-index --find-links /tmp/wheels -r /tmp/wheels/requirements\.txt",
+        text,
+    )
+    assert "celery-zklock" in WORKER_REQUIREMENTS
+    # The staged context holds wheels/ and workers/ only: every COPY source is one of them.
     for line in text.splitlines():
         if line.startswith("COPY "):
             *sources, _dest = line.split()[1:]
-            for source in sources:
-                if "*" not in source:
-                    assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+            assert set(sources) <= {"wheels", "workers"}, line
     # The library's wheel holds no `workers`: the image runs the fleet from a folder on its path.
     assert _fleet_dir(text).startswith("/")
     assert re.search(r'^CMD \["python", "-m", "workers", "worker"\]$', text, re.MULTILINE)
