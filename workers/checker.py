@@ -125,6 +125,9 @@ class RunReport:
     """One full reason per exception type."""
     faults_by_kind: Mapping[str, FaultCount]
     fault_impacts: tuple[FaultImpact, ...]
+    """The faults that ran, in time order, each with what followed it."""
+    faults_not_run: tuple[FaultRecord, ...]
+    """The faults that could not be injected, each with why (its ``detail``)."""
     overlaps: tuple[SectionOverlap, ...]
     stale_writes: tuple[SectionEvent, ...]
     malformed: tuple[str, ...]
@@ -351,6 +354,7 @@ def check_run(
         failure_examples=tally.failure_examples,
         faults_by_kind=_count_faults(faults),
         fault_impacts=_fault_impacts(faults, replay, overlaps, events),
+        faults_not_run=tuple(sorted((f for f in faults if not f.ran), key=lambda f: f.time)),
         overlaps=overlaps,
         stale_writes=tuple(replay.stale),
         malformed=tuple(replay.malformed),
@@ -519,6 +523,8 @@ def _fault_lines(r: RunReport) -> list[str]:
             f"{impact.lost_sections} sections lost their lock, {impact.killed_sections} killed, "
             f"{impact.revoked_overlaps} revoked overlaps, {impact.refused_writes} writes refused"
         )
+    for fault in r.faults_not_run:
+        lines.append(f"  {fault.kind} NOT RUN: {fault.detail}")
     return lines
 
 

@@ -38,6 +38,7 @@ from workers.faults import (
     FaultInjector,
     _NotRun,
     _Target,
+    _Unavailable,
     _wait_for,
 )
 from workers.record import FaultRecord
@@ -235,10 +236,10 @@ class DockerFaultInjector(FaultInjector):
         )
 
     def _blackhole(self) -> FaultRecord:
-        raise _NotRun("not injected through Docker (local runs only: a network namespace)")
+        raise _Unavailable("not injected through Docker (local runs only: a network namespace)")
 
     def _follower_partition(self) -> FaultRecord:
-        raise _NotRun("not injected through Docker (local runs only: iptables on the host)")
+        raise _Unavailable("not injected through Docker (local runs only: iptables on the host)")
 
 
 def _pings(client: redis.Redis) -> bool:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from celery.utils import worker_direct
@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 POLL: Final = 0.02
+UNAVAILABLE: Final = "unavailable here: "
+"""How the record of a fault that this run cannot inject at all begins."""
 ZK_CALL_TIMEOUT: Final = 5.0
 PLANT_KEY_PREFIX: Final = "fault-"
 NATURAL_HOLDER_WAIT: Final = 10.0
@@ -303,6 +305,11 @@ class _NotRun(Exception):
     """The fault could not be injected; the message says why."""
 
 
+class _Unavailable(_NotRun):
+    """The fault cannot be injected in this run at all (no namespace, an external fleet...):
+    trying again would fail the same way."""
+
+
 class _NoHolder(_NotRun):
     """No process was inside a section (of the kind wanted) in time."""
 
@@ -383,11 +390,24 @@ class FaultInjector:
 
     def inject(self, kind: str) -> FaultRecord:
         """Inject one fault of ``kind`` now (waiting for a target if it needs one), once every
-        fleet worker runs (one may have died since the last fault: see :meth:`revive`)."""
+        fleet worker runs (one may have died since the last fault: see :meth:`revive`).
+
+        A fault that could not run for a passing reason (no holder in time, a planted section
+        slow to enter under load, a command that failed) is tried once more after the gap; its
+        record then says why the first try did not count."""
+        first = self._try(kind)
+        if first.ran or first.detail.startswith(UNAVAILABLE) or self._stop.wait(self.gap):
+            return first
+        second = self._try(kind)
+        return replace(second, detail=f"{second.detail} (second try; the first: {first.detail})")
+
+    def _try(self, kind: str) -> FaultRecord:
         method: Callable[[], FaultRecord] = getattr(self, f"_{kind}")
         try:
             self.revive()
             return method()
+        except _Unavailable as exc:
+            return FaultRecord(kind, time.time(), "", False, f"{UNAVAILABLE}{exc}")
         except _NotRun as exc:
             return FaultRecord(kind, time.time(), "", False, str(exc))
         except Exception as exc:
@@ -464,7 +484,7 @@ class FaultInjector:
         ``target_timeout``)."""
         fleet = self.env.fleet
         if local and fleet is None:
-            raise _NotRun("external run: the worker processes are not on this machine")
+            raise _Unavailable("external run: the worker processes are not on this machine")
         timeout = self.target_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not self._stop.is_set():
@@ -587,7 +607,7 @@ class FaultInjector:
         in_netns = [w for w in fleet if w.netns is not None]
         if not in_netns:
             reason = unavailable_reason() or "the run was started without such a worker"
-            raise _NotRun(f"no worker runs in a network namespace: {reason}")
+            raise _Unavailable(f"no worker runs in a network namespace: {reason}")
         while True:
             try:
                 target = self._holder(netns_only=True, timeout=NATURAL_HOLDER_WAIT)
@@ -628,7 +648,7 @@ class FaultInjector:
     def _redis_restart(self) -> FaultRecord:
         broker = self.env.broker
         if broker is None:
-            raise _NotRun("external run: the broker is not a local Redis")
+            raise _Unavailable("external run: the broker is not a local Redis")
         self._under_load()
         port = broker.port
         killed_at = time.time()
@@ -640,7 +660,7 @@ class FaultInjector:
     def _local_ensemble(self) -> ZooKeeperEnsemble:
         ensemble = self.env.zookeeper
         if not isinstance(ensemble, ZooKeeperEnsemble):
-            raise _NotRun(
+            raise _Unavailable(
                 "needs a local ZooKeeper ensemble ("
                 + ("external run" if ensemble is None else "this run has a standalone server")
                 + ")"
@@ -649,7 +669,7 @@ class FaultInjector:
 
     def _local_fleet(self) -> Fleet:
         if self.env.fleet is None:
-            raise _NotRun("external run: the worker processes are not on this machine")
+            raise _Unavailable("external run: the worker processes are not on this machine")
         return self.env.fleet
 
     def _send_section(
@@ -793,7 +813,7 @@ class FaultInjector:
         in_netns = [w for w in fleet if w.netns is not None]
         if not in_netns:
             why = unavailable_reason() or "the run was started without such a worker"
-            raise _NotRun(f"no worker runs in a network namespace: {why}")
+            raise _Unavailable(f"no worker runs in a network namespace: {why}")
         candidates = [w for w in in_netns if w.spec.pool in IN_PROCESS_POOLS and w.is_running()]
         if not candidates:
             raise _NotRun(
@@ -802,7 +822,7 @@ class FaultInjector:
             )
         reason = blackhole_unavailable_reason()
         if reason is not None:
-            raise _NotRun(reason)
+            raise _Unavailable(reason)
         worker = self._rng.choice(candidates)
         namespace = worker.netns
         assert namespace is not None
@@ -842,7 +862,7 @@ class FaultInjector:
         ensemble = self._local_ensemble()
         if not ensemble.isolatable:
             reason = partition_unavailable_reason() or "it was started without isolatable members"
-            raise _NotRun(f"no member of the ensemble can be cut off: {reason}")
+            raise _Unavailable(f"no member of the ensemble can be cut off: {reason}")
         fleet = self._local_fleet()
         leader = ensemble.leader(timeout=30)
         followers = [

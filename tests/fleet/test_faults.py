@@ -26,6 +26,7 @@ from workers.app import create_app
 from workers.chatter import start_chatter, stop_chatter
 from workers.checker import RunReport, check_run
 from workers.faults import (
+    UNAVAILABLE,
     FaultEnvironment,
     FaultInjector,
     OpenSections,
@@ -614,9 +615,13 @@ def test_faults_that_need_local_processes_are_recorded_as_not_run(
         records.close()
     for kind, record in outcomes.items():
         assert not record.ran, kind
-        assert record.detail, kind
+        # Nothing here can ever run them: said so, and not tried a second time.
+        assert record.detail.startswith(UNAVAILABLE), (kind, record.detail)
+        assert "second try" not in record.detail, kind
     assert "external run" in outcomes["kill"].detail
     assert "external run" in outcomes["blackhole"].detail
     assert "ensemble" in outcomes["leader"].detail
     assert "ensemble" in outcomes["follower_partition"].detail
+    # No holder in time may pass: tried once more, and the record says why both did not count.
     assert not expire.ran and "was not inside a section" in expire.detail
+    assert "(second try; the first: a worker was not inside a section" in expire.detail

@@ -371,12 +371,15 @@ def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
         "leader": FaultCount(0, 1),
     }
     pause, kill_b, kill_c = report.fault_impacts  # the fault that could not run has no impact
+    assert report.faults_not_run == (faults[2],)  # ... but is kept, with why
     assert (pause.lost_sections, pause.revoked_overlaps, pause.killed_sections) == (1, 1, 0)
     assert (kill_b.killed_sections, kill_c.killed_sections) == (1, 1)
     assert report.violations == 0 and report.killed_sections == 2
     text = "\n".join(report.summary_lines())
     assert "kill 2, leader 0 (1 could not run), pause 1" in text
     assert "pause w1 pid 41: SIGSTOP 12 s; until the next fault: 1 sections lost their lock" in text
+    assert "leader NOT RUN: no leader found" in text
+    assert report.to_json()["faults_not_run"][0]["detail"] == "no leader found"
 
 
 def test_the_json_form_is_json_safe_and_complete() -> None:
