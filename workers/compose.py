@@ -16,6 +16,8 @@ is and how its faults work: ``docs/compose.md``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -60,6 +62,9 @@ WORKER_SERVICE: Final = "worker"
 DOCKER_TIMEOUT: Final = 120.0
 BUILD_TIMEOUT: Final = 1800.0
 ENGINE_START_TIMEOUT: Final = 60.0
+_LOCK_DIR: Final = Path("/run/lock") if os.path.isdir("/run/lock") else Path(tempfile.gettempdir())
+ENGINE_START: Final = _LOCK_DIR / "celery-zklock-dockerd.start"
+ENGINE_USERS: Final = _LOCK_DIR / "celery-zklock-dockerd.users"
 MISSING_WHEEL_ROUNDS: Final = 5
 PORT_VARIABLES: Final = (
     "ZKLOCK_ZOO1_PORT", "ZKLOCK_ZOO2_PORT", "ZKLOCK_ZOO3_PORT", "ZKLOCK_REDIS_PORT",
@@ -112,12 +117,19 @@ def _run(
 
 
 class DockerEngine:
-    """A Docker daemon this process can use. :meth:`ensure` finds the running one or starts
-    ``dockerd`` (root only); :meth:`close` stops a daemon that :meth:`ensure` started, and
-    nothing else."""
+    """A Docker daemon this process can use, until :meth:`close`.
 
-    def __init__(self, process: subprocess.Popen[bytes] | None = None) -> None:
+    :meth:`ensure` finds the running one or starts ``dockerd`` (root only). :meth:`close` stops
+    a daemon that :meth:`ensure` started, and nothing else, once no other process that found it
+    running still uses it: two test runs side by side on a machine without an engine share the
+    one the first started, and it stops when both are done. Users hold a shared ``flock`` on
+    :data:`ENGINE_USERS`; starting and stopping happen under an exclusive one on
+    :data:`ENGINE_START`.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes] | None, users: int | None) -> None:
         self._process = process
+        self._users = users
 
     @property
     def started_here(self) -> bool:
@@ -154,29 +166,44 @@ class DockerEngine:
         reason = cls.unavailable_reason()
         if reason is not None:
             raise DockerError(reason)
-        if cls.reachable():
-            return cls()
-        log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - owned by the daemon's life
-        try:
-            process = subprocess.Popen(
-                ["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        finally:
-            log.close()
-        engine = cls(process)
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT
-        while not cls.reachable():
-            if process.poll() is not None or time.monotonic() >= deadline:
-                engine.close()
-                raise DockerError(
-                    f"dockerd did not come up within {ENGINE_START_TIMEOUT:.0f} s"
-                    + (f" (see {log_path})" if log_path else "")
-                )
-            time.sleep(0.2)
-        return engine
+        with _flocked(ENGINE_START, fcntl.LOCK_EX):
+            users = _open_lock(ENGINE_USERS)
+            fcntl.flock(users, fcntl.LOCK_SH)
+            if cls.reachable():
+                return cls(None, users)
+            engine = cls(_start_dockerd(log_path), users)
+            deadline = time.monotonic() + ENGINE_START_TIMEOUT
+            while not cls.reachable():
+                if engine._process_ended() or time.monotonic() >= deadline:
+                    engine._stop_daemon()
+                    engine._release()
+                    raise DockerError(
+                        f"dockerd did not come up within {ENGINE_START_TIMEOUT:.0f} s"
+                        + (f" (see {log_path})" if log_path else "")
+                    )
+                time.sleep(0.2)
+            return engine
 
     def close(self) -> None:
-        """Stop the daemon this object started (SIGTERM, then SIGKILL after 30 s)."""
+        """Stop being a user; stop the daemon this object started once no user is left."""
+        if self._process is None:
+            self._release()
+            return
+        with _flocked(ENGINE_START, fcntl.LOCK_EX):
+            self._release()
+            with _flocked(ENGINE_USERS, fcntl.LOCK_EX):  # waits for the other users
+                self._stop_daemon()
+
+    def _release(self) -> None:
+        users, self._users = self._users, None
+        if users is not None:
+            os.close(users)  # drops the shared lock
+
+    def _process_ended(self) -> bool:
+        return self._process is None or self._process.poll() is not None
+
+    def _stop_daemon(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
@@ -186,6 +213,30 @@ class DockerEngine:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+def _start_dockerd(log_path: Path | None) -> subprocess.Popen[bytes]:
+    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - the daemon's output, closed here
+    try:
+        return subprocess.Popen(
+            ["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    finally:
+        log.close()
+
+
+def _open_lock(path: Path) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, operation: int) -> Iterator[None]:
+    fd = _open_lock(path)
+    try:
+        fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------- the images
