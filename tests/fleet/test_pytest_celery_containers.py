@@ -1,0 +1,93 @@
+"""pytest-celery's Docker set-up on our images (celery_zklock.testing.containers): a worker
+container of the fleet image runs the fleet's locked task against a ZooKeeper container, with
+Redis containers as broker and backend. Images missing here are built first; skipped, with the
+reason, only where no Docker engine answers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import docker
+import pytest
+import redis
+import requests
+from kazoo.client import KazooClient
+from pytest_celery import CeleryTestSetup
+
+from workers.compose import IMAGES, build_images
+from workers.record import SectionRecorder
+from workers.tasks import EXCLUSIVE_TASK
+
+if TYPE_CHECKING:
+    # Imported for real by pytest_plugins below, after pytest set up its assertion rewriting.
+    from celery_zklock.testing.containers import ZooKeeperContainer
+
+pytest_plugins = ["celery_zklock.testing.containers"]
+
+pytestmark = pytest.mark.slow
+
+HOLD_MS = 1000
+RESULT_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fleet_images() -> Iterator[None]:
+    """Skip without a Docker engine; build the fleet's images if one is missing."""
+    try:
+        client = docker.from_env(timeout=20)
+        client.ping()
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        pytest.skip(f"no Docker engine reachable: {exc}")
+    try:
+        local = {tag for image in client.images.list() for tag in image.tags}
+        if not set(IMAGES.values()) <= local:
+            build_images()
+        yield
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def zk_client(zklock_zookeeper: ZooKeeperContainer) -> Iterator[KazooClient]:
+    """A kazoo client on the test's ZooKeeper container, from this process."""
+    client = KazooClient(hosts=zklock_zookeeper.host_hosts)
+    client.start(timeout=15)
+    yield client
+    client.stop()
+    client.close()
+
+
+def test_two_calls_for_one_key_hold_the_lock_in_turn(
+    celery_setup: CeleryTestSetup, zk_client: KazooClient
+) -> None:
+    run_id = uuid.uuid4().hex
+    sent = [
+        celery_setup.app.send_task(EXCLUSIVE_TASK, args=(run_id, "key", HOLD_MS)) for _ in range(2)
+    ]
+    results = [result.get(timeout=RESULT_TIMEOUT) for result in sent]
+
+    worker = celery_setup.worker
+    assert worker is not None
+    assert {result["hostname"] for result in results} == {worker.hostname()}
+    assert all(result["accepted"] for result in results), results
+    # The fleet's sections go to the broker's Redis (ZKLOCK_RECORD_URL defaults to the broker).
+    records = redis.Redis.from_url(celery_setup.broker.config()["host_url"])
+    try:
+        events = SectionRecorder(records, run_id).events()
+    finally:
+        records.close()
+    # One list, one total order: each section ends before the next one starts.
+    assert [event.kind for event in events] == ["enter", "write", "exit"] * 2, events
+    first, second = events[:3], events[3:]
+    assert {event.task_id for event in first} | {event.task_id for event in second} == {
+        result.id for result in sent
+    }
+    assert len({event.task_id for event in first}) == len({event.task_id for event in second}) == 1
+    assert first[0].token < second[0].token
+    assert all(event.outcome == "ok" for event in (first[2], second[2]))
+    # Two pool processes: the worker could have run both at once; the lock made them take turns.
+    assert first[0].pid != second[0].pid
+    # Both leases were released in the ZooKeeper container.
+    assert [zk_client.exists(event.node) for event in (first[0], second[0])] == [None, None]
