@@ -59,6 +59,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--project", default=DEFAULT_PROJECT,
         help=f"docker-compose project name ({DEFAULT_PROJECT})")  # fmt: skip
     group.add_argument(
+        "--build-only", action="store_true",
+        help="build the images and stop (no project, no load test)")  # fmt: skip
+    group.add_argument(
         "--keep-running", action="store_true",
         help="leave the project running (docker-compose -p NAME down -v removes it)")  # fmt: skip
 
@@ -69,6 +72,20 @@ def _check(args: argparse.Namespace, config: LoadConfig) -> str | None:
     if len(config.pools) != 1:
         return f"the compose fleet's workers all run one pool; got --pools {','.join(config.pools)}"
     return None
+
+
+def build_only(base: str) -> int:
+    """Build the fleet's images (starting and stopping ``dockerd`` if needed); exit status."""
+    try:
+        engine = DockerEngine.ensure(Path(tempfile.gettempdir()) / "zklock-dockerd.log")
+        try:
+            build_images(base, say=lambda line: print(line, flush=True))
+        finally:
+            engine.close()
+    except DockerError as exc:
+        print(f"celery-zklock fleet: could not build the images: {exc}", flush=True)
+        return 1
+    return 0
 
 
 def run_fleet(config: LoadConfig, base: str, project_name: str, keep_running: bool) -> int:
@@ -128,6 +145,8 @@ def _run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"celery-zklock fleet: {problem}", file=sys.stderr)
         return 2
+    if args.build_only:
+        return build_only(args.base_image)
     try:
         return run_fleet(config, args.base_image, args.project, args.keep_running)
     except KeyboardInterrupt:

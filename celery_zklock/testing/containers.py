@@ -117,8 +117,8 @@ def _local_image(docker_client: Any, role: str) -> Any:
         variable = IMAGE_VARIABLES[role][0]
         raise ImageMissing(
             f"image {name} is not in the local Docker engine and is never pulled: build it "
-            "(in celery-zklock's repository: python -c 'from workers.compose import "
-            f"build_images; build_images()') or set {variable} to an image that is there"
+            "(in celery-zklock's repository: python -m workers fleet --build-only) or set "
+            f"{variable} to an image that is there"
         ) from None
 
 
