@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kazoo.security import ACL
+
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import DEFAULT_SESSION_TIMEOUT, ClientConfig
+from celery_zklock.session import CREATOR_ACL, DEFAULT_SESSION_TIMEOUT, ClientConfig
 from celery_zklock.validate import seconds, znode_path
 
 DEFAULT_ROOT = "/zklock"
@@ -33,24 +35,21 @@ def lock_root(conf: Mapping[str, Any]) -> str:
 def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> ClientConfig:
     """The ZooKeeper connection settings of an app.
 
-    Settings: ``zklock_hosts`` (env ``ZKLOCK_HOSTS``, required), ``zklock_session_timeout``
-    (seconds, default 10), ``zklock_connect_timeout`` (seconds a worker waits for ZooKeeper on
-    first use, default 5), ``zklock_auth`` (list of ``(scheme, credential)``, e.g.
-    ``[("digest", "user:secret")]``), ``zklock_use_ssl``, ``zklock_ssl_certfile``,
-    ``zklock_ssl_keyfile``, ``zklock_ssl_ca``, ``zklock_ssl_verify`` (default True).
+    Every setting is read from ``app.conf`` and, when unset there, from the environment variable
+    of the same name in upper case (``zklock_hosts`` -> ``ZKLOCK_HOSTS``); the table in the
+    README's "Settings" section lists each with its default. The environment's forms: numbers
+    and paths as text, flags as ``true``/``false`` (also ``1``/``0``, ``yes``/``no``),
+    ``ZKLOCK_AUTH`` as ``scheme:credential`` pairs separated by commas
+    (``digest:alice:secret``), ``ZKLOCK_ACL`` as ``open`` or ``creator``, and SASL as
+    ``ZKLOCK_SASL_MECHANISM``, ``ZKLOCK_SASL_USERNAME``, ``ZKLOCK_SASL_PASSWORD`` (and
+    ``ZKLOCK_SASL_SERVICE``, ``ZKLOCK_SASL_PRINCIPAL`` for GSSAPI).
 
     Raises ConfigurationError naming the bad setting.
     """
-    hosts = _setting(conf, "zklock_hosts", "")
-    auth = conf.get("zklock_auth") or ()
-    try:
-        auth_pairs = tuple((str(scheme), str(cred)) for scheme, cred in auth)
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"zklock_auth must be a list of (scheme, credential) pairs, got {auth!r}"
-        ) from None
+    verify = _flag(conf, "zklock_ssl_verify", True)
+    use_ssl = _flag(conf, "zklock_use_ssl", False)
     config = ClientConfig(
-        hosts=str(hosts).strip(),
+        hosts=str(_setting(conf, "zklock_hosts", "")).strip(),
         session_timeout=seconds(
             "zklock_session_timeout",
             _setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
@@ -62,15 +61,117 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
             text=True,
         ),
         handler=handler,
-        auth=auth_pairs,
-        use_ssl=bool(conf.get("zklock_use_ssl", False)),
-        certfile=conf.get("zklock_ssl_certfile"),
-        keyfile=conf.get("zklock_ssl_keyfile"),
-        ca=conf.get("zklock_ssl_ca"),
-        verify_certs=bool(conf.get("zklock_ssl_verify", True)),
+        auth=_auth(conf),
+        sasl=_sasl(conf),
+        acl=_acl(conf),
+        use_ssl=use_ssl,
+        certfile=_path(conf, "zklock_ssl_certfile"),
+        keyfile=_path(conf, "zklock_ssl_keyfile"),
+        keyfile_password=_text(conf, "zklock_ssl_keyfile_password"),
+        ca=_path(conf, "zklock_ssl_ca"),
+        verify_certs=verify,
+        check_hostname=_flag(conf, "zklock_ssl_check_hostname", use_ssl and verify),
+        factory=_text(conf, "zklock_client_factory"),
     )
     config.validate()
     return config
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _flag(conf: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = _setting(conf, name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE | _FALSE:
+        return text in _TRUE
+    raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+
+
+def _text(conf: Mapping[str, Any], name: str) -> str | None:
+    value = _setting(conf, name)
+    return None if value is None or str(value) == "" else str(value)
+
+
+def _path(conf: Mapping[str, Any], name: str) -> str | None:
+    path = _text(conf, name)
+    if path is not None and not os.path.isfile(path):
+        raise ConfigurationError(f"{name}: no such file {path!r}")
+    return path
+
+
+def _auth(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = conf.get("zklock_auth")
+    if value is None:
+        text = os.environ.get("ZKLOCK_AUTH", "")
+        pairs = [entry.strip().partition(":") for entry in text.split(",") if entry.strip()]
+        bad = [scheme for scheme, sep, cred in pairs if not (scheme and sep and cred)]
+        if bad:
+            raise ConfigurationError(
+                f"ZKLOCK_AUTH must be scheme:credential pairs separated by commas "
+                f"(e.g. digest:alice:secret), got {text!r}"
+            )
+        return tuple((scheme, cred) for scheme, _, cred in pairs)
+    try:
+        return tuple((str(scheme), str(cred)) for scheme, cred in value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"zklock_auth must be a list of (scheme, credential) pairs, e.g. "
+            f"[('digest', 'alice:secret')], got {value!r}"
+        ) from None
+
+
+SASL_KEYS = ("mechanism", "username", "password", "service", "principal")
+"""What ``zklock_sasl`` may hold (kazoo's ``sasl_options``); env ``ZKLOCK_SASL_<KEY>``."""
+
+
+def _sasl(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = conf.get("zklock_sasl")
+    if value is None:
+        value = {
+            key: os.environ[f"ZKLOCK_SASL_{key.upper()}"]
+            for key in SASL_KEYS
+            if os.environ.get(f"ZKLOCK_SASL_{key.upper()}")
+        }
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"zklock_sasl must be a dict such as {{'mechanism': 'DIGEST-MD5', 'username': "
+            f"'alice', 'password': '...'}}, got {type(value).__name__}"
+        )
+    unknown = sorted(set(value) - set(SASL_KEYS))
+    if unknown:
+        raise ConfigurationError(f"zklock_sasl: unknown keys {unknown}; known: {SASL_KEYS}")
+    if value and "mechanism" not in value:
+        raise ConfigurationError("zklock_sasl needs a mechanism: DIGEST-MD5 or GSSAPI")
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+
+
+def _acl(conf: Mapping[str, Any]) -> tuple[ACL, ...]:
+    value = _setting(conf, "zklock_acl", "open")
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name == "open":
+            return ()
+        if name == "creator":
+            return CREATOR_ACL
+        raise ConfigurationError(
+            f"zklock_acl must be 'open', 'creator' or a list of kazoo ACLs, got {value!r}"
+        )
+    try:
+        acl = tuple(value)
+    except TypeError:
+        acl = ()
+    if not acl or not all(isinstance(entry, ACL) for entry in acl):
+        raise ConfigurationError(
+            "zklock_acl must be 'open', 'creator' or a non-empty list of kazoo.security.ACL "
+            f"(e.g. [make_digest_acl('alice', 'secret', all=True)]), got {value!r}"
+        )
+    return acl
 
 
 @dataclass(frozen=True)

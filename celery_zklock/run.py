@@ -25,7 +25,7 @@ from kazoo.exceptions import KazooException
 
 from celery_zklock import delivery
 from celery_zklock.config import settings_of
-from celery_zklock.errors import LockLost, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
 from celery_zklock.interrupt import Interruption, arm
 from celery_zklock.locks import Lease, Mutex, ReadWriteLock
@@ -117,6 +117,8 @@ class LockedRun:
         config = self.settings.client
         try:
             return get_client(config)
+        except ConfigurationError:
+            raise  # a setting to fix (TLS, the client factory): retrying cannot help
         except Exception as exc:
             self._unavailable(
                 f"could not connect to ZooKeeper at {config.hosts!r} within "

@@ -1,9 +1,14 @@
 """One kazoo client per process, fork-safe.
 
 :func:`get_client` returns the process's client for a configuration, creating and starting it
-on first use. A kazoo client must not cross a fork (its threads do not exist in the child, and
-sharing its socket with the parent corrupts both), so the registry is keyed by pid and emptied in
-a forked child: the child builds its own client and never touches the parent's.
+on first use: built from the settings (hosts, auth, SASL, ACL, TLS), or by the application's own
+``zklock_client_factory``. A kazoo client must not cross a fork (its threads do not exist in the
+child, and sharing its socket with the parent corrupts both), so the registry is keyed by pid and
+emptied in a forked child: the child builds its own client and never touches the parent's.
+
+A TLS connection that cannot be made (an untrusted certificate, a hostname the certificate does
+not name) only shows in kazoo as a connect timeout; :func:`get_client` then makes one handshake
+itself and raises :class:`ConfigurationError` naming TLS and the setting to fix.
 
 When a held lock counts as lost is the lease clock's business: see
 :mod:`celery_zklock.locks.clock` and :mod:`celery_zklock.locks.context`.
@@ -11,13 +16,17 @@ When a held lock counts as lost is the lease clock's business: see
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock import validate
 from celery_zklock.errors import ConfigurationError
@@ -26,6 +35,10 @@ from celery_zklock.locks import adapter
 logger = logging.getLogger("celery_zklock.session")
 
 DEFAULT_SESSION_TIMEOUT = 10.0
+CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
+"""``zklock_acl="creator"``: the authenticated identity that created a node may do anything
+with it; anyone may read it (operators see who holds what)."""
+TLS_PROBE_TIMEOUT = 5.0
 
 # -- one client per process -------------------------------------------------------------------
 
@@ -38,17 +51,26 @@ class ClientConfig:
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
     handler: str = "threading"
     auth: tuple[tuple[str, str], ...] = ()
+    """``(scheme, credential)`` pairs sent after connecting (``("digest", "alice:secret")``)."""
+    sasl: tuple[tuple[str, str], ...] = ()
+    """kazoo's ``sasl_options`` as sorted pairs (``mechanism``, ``username``, ...)."""
+    acl: tuple[ACL, ...] = ()
+    """The ACL of every node the locks create (empty: kazoo's default, open to all)."""
     use_ssl: bool = False
     certfile: str | None = None
     keyfile: str | None = None
+    keyfile_password: str | None = None
     ca: str | None = None
     verify_certs: bool = True
+    check_hostname: bool = False
     connect_timeout: float = 15.0
+    factory: str | None = None
+    """``"module:callable"`` returning the KazooClient to use instead of building one."""
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the bad setting."""
-        if not self.hosts or not self.hosts.strip():
+        if not self.factory and (not self.hosts or not self.hosts.strip()):
             raise ConfigurationError(
                 "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
                 "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
@@ -58,6 +80,26 @@ class ClientConfig:
         if self.handler not in ("threading", "gevent"):
             raise ConfigurationError(
                 f"kazoo handler must be 'threading' or 'gevent', got {self.handler!r}"
+            )
+        if self.acl == CREATOR_ACL and not (self.auth or self.sasl):
+            raise ConfigurationError(
+                "zklock_acl='creator' needs credentials: only an authenticated identity can be "
+                "a node's creator; set zklock_auth (e.g. [('digest', 'alice:secret')], env "
+                "ZKLOCK_AUTH=digest:alice:secret) or zklock_sasl (env ZKLOCK_SASL_*)"
+            )
+        if self.check_hostname and not self.verify_certs:
+            raise ConfigurationError(
+                "zklock_ssl_check_hostname needs zklock_ssl_verify: a hostname is only checked "
+                "in a verified certificate"
+            )
+        if self.use_ssl and self.verify_certs and not self.ca:
+            raise ConfigurationError(
+                "zklock_use_ssl with zklock_ssl_verify needs zklock_ssl_ca (env ZKLOCK_SSL_CA): "
+                "the PEM file of the CA that signed the servers' certificates"
+            )
+        if self.factory is not None and ":" not in self.factory:
+            raise ConfigurationError(
+                f"zklock_client_factory must be 'module:callable', got {self.factory!r}"
             )
 
 
@@ -72,24 +114,48 @@ def _make_handler(name: str) -> Any:
 
 
 def new_client(config: ClientConfig) -> KazooClient:
-    """A new, not yet started kazoo client for ``config``."""
+    """A new, not yet started kazoo client for ``config`` (the factory's, if it names one)."""
     config.validate()
+    if config.factory is not None:
+        return _client_from_factory(config.factory)
     kwargs: dict[str, Any] = dict(config.extra)
     if config.use_ssl:
         kwargs.update(
             use_ssl=True,
             certfile=config.certfile,
             keyfile=config.keyfile,
+            keyfile_password=config.keyfile_password,
             ca=config.ca,
             verify_certs=config.verify_certs,
+            check_hostname=config.check_hostname,
         )
+    if config.sasl:
+        kwargs["sasl_options"] = dict(config.sasl)
     return KazooClient(
         hosts=config.hosts,
         timeout=config.session_timeout,
         handler=_make_handler(config.handler),
         auth_data=list(config.auth) or None,
+        default_acl=list(config.acl) or None,
         **kwargs,
     )
+
+
+def _client_from_factory(spec: str) -> KazooClient:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(
+            f"zklock_client_factory {spec!r} cannot be imported: {exc}"
+        ) from exc
+    client = factory()
+    if not isinstance(client, KazooClient):
+        raise ConfigurationError(
+            f"zklock_client_factory {spec!r} returned {type(client).__name__}, not a "
+            "kazoo.client.KazooClient"
+        )
+    return client
 
 
 _clients: dict[ClientConfig, KazooClient] = {}
@@ -124,9 +190,87 @@ def get_client(config: ClientConfig) -> KazooClient:
         if client is None:
             client = new_client(config)
             adapter.install_connect_hook()
-            client.start(timeout=config.connect_timeout)
+            if not client.connected:
+                try:
+                    client.start(timeout=config.connect_timeout)
+                except Exception as exc:
+                    _stop_quietly(client)
+                    problem = tls_problem(config) if config.use_ssl else None
+                    if problem is not None:
+                        raise ConfigurationError(problem) from exc
+                    raise
             _clients[config] = client
         return client
+
+
+def _stop_quietly(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:
+        logger.debug("error stopping a client that did not connect", exc_info=True)
+
+
+def tls_problem(config: ClientConfig) -> str | None:
+    """Why a TLS handshake with ``config``'s first answering host fails, naming the setting to
+    fix; None if one succeeds or no host accepts a connection (then it is not TLS)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = config.check_hostname
+    if config.verify_certs:
+        context.verify_mode = ssl.CERT_REQUIRED
+        try:
+            context.load_verify_locations(cafile=config.ca)
+        except (OSError, ssl.SSLError) as exc:
+            return f"TLS: zklock_ssl_ca {config.ca!r} is not a readable PEM CA file ({exc})"
+    else:
+        context.verify_mode = ssl.CERT_NONE
+    if config.certfile:
+        try:
+            context.load_cert_chain(
+                config.certfile, config.keyfile, password=config.keyfile_password
+            )
+        except (OSError, ssl.SSLError) as exc:
+            return (
+                f"TLS: the client certificate zklock_ssl_certfile/zklock_ssl_keyfile cannot be "
+                f"loaded ({exc}); check zklock_ssl_keyfile_password"
+            )
+    for host, port in _host_ports(config.hosts):
+        try:
+            raw = socket.create_connection((host, port), timeout=TLS_PROBE_TIMEOUT)
+        except OSError:
+            continue
+        try:
+            with context.wrap_socket(raw, server_hostname=host):
+                return None
+        except ssl.SSLCertVerificationError as exc:
+            if exc.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
+                return (
+                    f"TLS: the certificate of {host}:{port} does not name {host!r} "
+                    f"({exc.verify_message}); connect by a name the certificate holds, or set "
+                    "zklock_ssl_check_hostname=False (env ZKLOCK_SSL_CHECK_HOSTNAME=false)"
+                )
+            return (
+                f"TLS: the certificate of {host}:{port} is not trusted ({exc.verify_message}): "
+                f"zklock_ssl_ca ({config.ca}) must be the CA that signed the server's "
+                "certificate"
+            )
+        except (ssl.SSLError, OSError) as exc:
+            return (
+                f"TLS: the handshake with {host}:{port} failed ({exc}); is it the server's "
+                "secureClientPort? (zklock_use_ssl=True needs ZooKeeper's TLS port)"
+            )
+        finally:
+            raw.close()
+    return None
+
+
+def _host_ports(hosts: str) -> list[tuple[str, int]]:
+    found = []
+    for entry in hosts.split("/", 1)[0].split(","):
+        host, _, port = entry.strip().rpartition(":")
+        if entry.strip():
+            found.append((host or entry.strip(), int(port) if port.isdigit() else 2181))
+    return found
 
 
 def close_clients() -> None:

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
+from celery_zklock.config import settings_of
+from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease
 from celery_zklock.options import (
@@ -165,5 +167,19 @@ def _close_clients_on_shutdown(**_: Any) -> None:
     close_clients()
 
 
+def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
+    """A worker whose app has locked tasks refuses to start on invalid settings (an ACL that
+    needs credentials it lacks, a CA file that is not there...), rather than fail each task."""
+    app = getattr(sender, "app", None)
+    if app is None or not any(isinstance(t, ZkLockTask) for t in app.tasks.values()):
+        return
+    try:
+        settings_of(app)
+    except ConfigurationError as exc:
+        # Celery logs and ignores exceptions of signal receivers: end the worker instead.
+        raise SystemExit(f"celery-zklock: {exc}") from None
+
+
+worker_init.connect(_check_settings_at_worker_start, weak=False)
 worker_process_shutdown.connect(_close_clients_on_shutdown, weak=False)
 worker_shutdown.connect(_close_clients_on_shutdown, weak=False)

@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
+from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
 from celery_zklock.task import _request_overrides
@@ -94,12 +95,24 @@ def long_hold(self: Any, key: str, seconds: float) -> str:
     client = task_client(self)  # the client that holds the lock
     session_id, password = client.client_id
     record = {"session_id": session_id, "password": password.hex(), "pid": os.getpid(),
-              "token": self.lock.token}  # fmt: skip
+              "token": self.lock.token, "node": self.lock.node,
+              "factory": getattr(client, "built_by_factory", False)}  # fmt: skip
     _write_atomically(DIR / f"session-{self.request.id}", json.dumps(record))
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.02)
     return "finished"
+
+
+def zk_factory() -> KazooClient:
+    """``zklock_client_factory`` of the factory tests: a client of its own (marked), each call
+    recorded with the pid that made it."""
+    _append(DIR / "factory-calls", {"pid": os.getpid()})
+    client = KazooClient(
+        hosts=os.environ["ZKLOCK_HOSTS"], timeout=float(os.environ["ZKLOCK_SESSION_TIMEOUT"])
+    )
+    client.built_by_factory = True
+    return client
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:

@@ -1,0 +1,153 @@
+"""The connection settings (``client_config``): every one from ``app.conf`` or its ``ZKLOCK_*``
+variable, in one documented format, and every bad one refused with what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.security import ACL, make_digest_acl
+
+from celery_zklock.config import client_config
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.session import CREATOR_ACL, ClientConfig, new_client
+
+
+@pytest.fixture(autouse=True)
+def _no_zklock_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in [n for n in os.environ if n.startswith("ZKLOCK_")]:
+        monkeypatch.delenv(name)
+
+
+def config(**conf: Any) -> ClientConfig:
+    return client_config({"zklock_hosts": "zk1:2181", **conf})
+
+
+def test_the_defaults_are_an_open_plain_connection() -> None:
+    c = config()
+    assert (c.acl, c.auth, c.sasl, c.use_ssl, c.factory) == ((), (), (), False, None)
+    assert c.verify_certs and not c.check_hostname  # hostnames are checked only with TLS on
+
+
+def test_every_connection_setting_has_an_environment_fallback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    env = {
+        "ZKLOCK_HOSTS": "a:1,b:2",
+        "ZKLOCK_SESSION_TIMEOUT": "7",
+        "ZKLOCK_CONNECT_TIMEOUT": "3",
+        "ZKLOCK_AUTH": "digest:alice:s3cret, digest:bob:pw",
+        "ZKLOCK_ACL": "creator",
+        "ZKLOCK_SASL_MECHANISM": "DIGEST-MD5",
+        "ZKLOCK_SASL_USERNAME": "alice",
+        "ZKLOCK_SASL_PASSWORD": "pw",
+        "ZKLOCK_USE_SSL": "true",
+        "ZKLOCK_SSL_CA": str(ca),
+        "ZKLOCK_SSL_CERTFILE": str(ca),
+        "ZKLOCK_SSL_KEYFILE": str(ca),
+        "ZKLOCK_SSL_KEYFILE_PASSWORD": "kp",
+        "ZKLOCK_SSL_VERIFY": "yes",
+        "ZKLOCK_CLIENT_FACTORY": "myapp.zk:client",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    c = client_config({})
+    assert c.hosts == "a:1,b:2" and c.session_timeout == 7 and c.connect_timeout == 3
+    assert c.auth == (("digest", "alice:s3cret"), ("digest", "bob:pw"))
+    assert c.acl == CREATOR_ACL
+    assert dict(c.sasl) == {"mechanism": "DIGEST-MD5", "username": "alice", "password": "pw"}
+    assert c.use_ssl and c.verify_certs and c.check_hostname  # on whenever certs are verified
+    assert (c.ca, c.certfile, c.keyfile, c.keyfile_password) == (str(ca), str(ca), str(ca), "kp")
+    assert c.factory == "myapp.zk:client"
+
+
+def test_app_conf_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZKLOCK_ACL", "creator")
+    monkeypatch.setenv("ZKLOCK_AUTH", "digest:env:pw")
+    c = config(zklock_acl="open", zklock_auth=[("digest", "conf:pw")])
+    assert c.acl == () and c.auth == (("digest", "conf:pw"),)
+
+
+def test_creator_acl_needs_credentials() -> None:
+    with pytest.raises(ConfigurationError, match=r"zklock_acl='creator' needs credentials"):
+        config(zklock_acl="creator")
+    assert config(zklock_acl="creator", zklock_auth=[("digest", "a:b")]).acl == CREATOR_ACL
+    sasl = {"mechanism": "DIGEST-MD5", "username": "a", "password": "b"}
+    assert config(zklock_acl="creator", zklock_sasl=sasl).acl == CREATOR_ACL
+
+
+def test_creator_acl_lets_the_creator_do_anything_and_the_world_read() -> None:
+    perms = {(acl.id.scheme, acl.id.id): acl.perms for acl in CREATOR_ACL}
+    assert perms == {("auth", ""): 31, ("world", "anyone"): 1}
+
+
+def test_an_acl_list_is_used_as_given_and_bad_ones_are_named() -> None:
+    acl = [make_digest_acl("alice", "pw", all=True)]
+    assert config(zklock_acl=acl).acl == tuple(acl)
+    for bad in ("closed", [], ["world:anyone"], 42):
+        with pytest.raises(ConfigurationError, match="zklock_acl must be"):
+            config(zklock_acl=bad)
+    assert all(isinstance(entry, ACL) for entry in CREATOR_ACL)
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"zklock_use_ssl": "maybe"}, r"zklock_use_ssl must be true or false"),
+        ({"zklock_use_ssl": True}, r"needs zklock_ssl_ca"),
+        ({"zklock_ssl_ca": "/no/such/ca.pem"}, r"zklock_ssl_ca: no such file"),
+        (
+            {"zklock_ssl_verify": False, "zklock_ssl_check_hostname": True},
+            r"check_hostname needs zklock_ssl_verify",
+        ),
+        ({"zklock_sasl": {"username": "a"}}, r"zklock_sasl needs a mechanism"),
+        ({"zklock_sasl": {"mechanism": "PLAIN", "realm": "x"}}, r"unknown keys \['realm'\]"),
+        ({"zklock_sasl": "alice"}, r"zklock_sasl must be a dict"),
+        ({"zklock_auth": "digest:a:b"}, r"zklock_auth must be a list of \(scheme, credential\)"),
+        ({"zklock_client_factory": "myapp.zk.client"}, r"must be 'module:callable'"),
+    ],
+)
+def test_bad_settings_are_refused_with_what_to_do(conf: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        config(**conf)
+
+
+def test_a_bad_auth_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("alice", "digest:", ":alice:pw"):  # no credential, or no scheme
+        monkeypatch.setenv("ZKLOCK_AUTH", bad)
+        with pytest.raises(ConfigurationError, match=r"ZKLOCK_AUTH must be scheme:credential"):
+            config()
+
+
+def test_the_client_gets_the_acl_auth_sasl_and_tls_settings(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    c = config(
+        zklock_acl="creator",
+        zklock_auth=[("digest", "alice:pw")],
+        zklock_sasl={"mechanism": "DIGEST-MD5", "username": "alice", "password": "pw"},
+        zklock_use_ssl=True,
+        zklock_ssl_ca=str(ca),
+        zklock_ssl_keyfile_password="kp",
+    )
+    client = new_client(c)
+    try:
+        assert client.default_acl == list(CREATOR_ACL)
+        assert client.auth_data == {("digest", "alice:pw")}
+        assert client._connection.sasl_options == dict(c.sasl)
+        assert client.use_ssl and client.check_hostname and client.ca == str(ca)
+        assert client.keyfile_password == "kp"
+    finally:
+        client.close()
+
+
+def test_a_factory_that_is_not_there_or_returns_no_client_is_named() -> None:
+    with pytest.raises(ConfigurationError, match=r"cannot be imported"):
+        new_client(config(zklock_client_factory="no_such_module_here:make"))
+    with pytest.raises(ConfigurationError, match=r"returned str, not a kazoo"):
+        new_client(config(zklock_client_factory="os:getcwd"))
