@@ -23,7 +23,7 @@ from typing import Any, Final, NoReturn
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from celery_zklock import delivery
+from celery_zklock import delivery, visibility
 from celery_zklock.config import settings_of
 from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
@@ -100,6 +100,7 @@ class LockedRun:
         """Act on ``situation`` under ``policy``: a skip result, None for ``wait``, or raise."""
         verdict = decide(situation, policy, in_worker=self.in_worker)
         if verdict.action == "skip":
+            visibility.skipped(self.task, self.path, holder, situation)
             return skip_result(self.path, holder, situation)
         if verdict.action == "wait":
             return None
@@ -186,8 +187,10 @@ class LockedRun:
         )
         if outcome is not None:
             return outcome  # skipped
+        visibility.waiting(self.task, self.path, holder_id)
         try:
             self.lease = side.acquire(timeout=self.options.timeout, data=identity)
+            visibility.granted_after_wait(self.task)
             return None
         except LockTimeout:
             policy = self.options.on_timeout

@@ -169,10 +169,13 @@ def _close_clients_on_shutdown(**_: Any) -> None:
 
 def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
     """A worker whose app has locked tasks refuses to start on invalid settings (an ACL that
-    needs credentials it lacks, a CA file that is not there...), rather than fail each task."""
+    needs credentials it lacks, a CA file that is not there...), rather than fail each task.
+    ``celery worker -E`` also turns on the lock's task events (celery_zklock.visibility)."""
     app = getattr(sender, "app", None)
     if app is None or not any(isinstance(t, ZkLockTask) for t in app.tasks.values()):
         return
+    if getattr(sender, "task_events", False):
+        app.conf.worker_send_task_events = True  # -E reaches the pool processes this way
     try:
         settings_of(app)
     except ConfigurationError as exc:
