@@ -1,9 +1,16 @@
 """The ``celery-zklock`` command line: the library's own commands.
 
-``celery-zklock stack up [--zk-nodes N] [--no-redis]`` runs ZooKeeper (and Redis) in the
-foreground, prints ``export ZKLOCK_HOSTS=...`` / ``export ZKLOCK_BROKER_URL=...`` lines and
+``celery-zklock stack up [--zk-nodes N] [--no-redis] [--secure]`` runs ZooKeeper (and Redis)
+in the foreground, prints ``export ZKLOCK_HOSTS=...`` / ``export ZKLOCK_BROKER_URL=...`` lines and
 waits; SIGINT (Ctrl-C) or SIGTERM stops everything and exits 0. If every ZooKeeper node or the
 Redis server dies on its own, it stops the rest and exits 1.
+
+``--secure`` starts ZooKeeper with SASL DIGEST-MD5 users, digest auth and a TLS client port
+(see :class:`~celery_zklock.testing.security.ZooKeeperSecurity`) and prints the TLS settings
+instead: ``export`` lines for ``ZKLOCK_HOSTS`` (the TLS host string), ``ZKLOCK_USE_SSL``,
+``ZKLOCK_SSL_CA``, ``ZKLOCK_SASL_MECHANISM``/``_USERNAME``/``_PASSWORD``, ``ZKLOCK_AUTH``
+(and ``ZKLOCK_BROKER_URL``), then ``#`` comment lines with the plain host string, every SASL
+user and password, and the unrelated CA.
 
 Each subcommand is a :class:`Subcommand` (a name, a one-line help, a function that adds its
 arguments to its parser and one that runs it and returns the exit status), listed in
@@ -26,6 +33,7 @@ from types import FrameType
 
 from celery_zklock import validate
 from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing.security import SASL_MECHANISM, ZooKeeperSecurity
 
 __all__ = ["COMMANDS", "Subcommand", "build_parser", "main"]
 
@@ -62,6 +70,14 @@ def _configure_stack(parser: argparse.ArgumentParser) -> None:
         help="ZooKeeper nodes: 1 = standalone (default), N > 1 = an N-node ensemble",
     )
     up.add_argument("--no-redis", action="store_true", help="do not start Redis")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help=(
+            "ZooKeeper with a TLS client port (CA made on the fly), SASL DIGEST-MD5 users alice "
+            "and bob, and digest auth; prints the TLS, SASL and digest settings"
+        ),
+    )
     up.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for start-up (default 60)"
     )
@@ -107,9 +123,34 @@ def _run_stack(args: argparse.Namespace) -> int:
     raise AssertionError(f"unknown stack action {args.stack_action!r}")  # argparse prevents it
 
 
+def _secure_exports(zookeeper: ZooKeeperServer | ZooKeeperEnsemble) -> list[str]:
+    """The ``export`` lines of ``--secure``: TLS, and SASL and digest as the first user."""
+    user, password = next(iter(zookeeper.sasl_users.items()))
+    return [
+        f"export ZKLOCK_HOSTS={zookeeper.tls_hosts}",
+        "export ZKLOCK_USE_SSL=true",
+        f"export ZKLOCK_SSL_CA={zookeeper.ca_file}",
+        f"export ZKLOCK_SASL_MECHANISM={SASL_MECHANISM}",
+        f"export ZKLOCK_SASL_USERNAME={user}",
+        f"export ZKLOCK_SASL_PASSWORD={password}",
+        f"export ZKLOCK_AUTH=digest:{user}:{password}",
+    ]
+
+
+def _secure_comments(zookeeper: ZooKeeperServer | ZooKeeperEnsemble) -> list[str]:
+    """The ``#`` lines after the exports of ``--secure``: the rest a client may want."""
+    lines = [f"# plain port (no TLS): ZKLOCK_HOSTS={zookeeper.hosts} ZKLOCK_USE_SSL=false"]
+    lines += [f"# SASL user {name} password {pw}" for name, pw in zookeeper.sasl_users.items()]
+    lines.append(f"# unrelated CA (a client trusting it must fail): {zookeeper.wrong_ca_file}")
+    return lines
+
+
 def _stack_up(args: argparse.Namespace) -> int:
+    security = ZooKeeperSecurity() if args.secure else None
     zookeeper: ZooKeeperServer | ZooKeeperEnsemble = (
-        ZooKeeperServer() if args.zk_nodes == 1 else ZooKeeperEnsemble(args.zk_nodes)
+        ZooKeeperServer(security=security)
+        if args.zk_nodes == 1
+        else ZooKeeperEnsemble(args.zk_nodes, security=security)
     )
     redis = None if args.no_redis else RedisServer()
     with _stop_signals() as stop_requested:
@@ -119,9 +160,14 @@ def _stack_up(args: argparse.Namespace) -> int:
                 return 0
             if redis is not None:
                 redis.start(timeout=args.timeout)
-            print(f"export ZKLOCK_HOSTS={zookeeper.hosts}")
+            if args.secure:
+                print("\n".join(_secure_exports(zookeeper)))
+            else:
+                print(f"export ZKLOCK_HOSTS={zookeeper.hosts}")
             if redis is not None:
                 print(f"export ZKLOCK_BROKER_URL={redis.url}")
+            if args.secure:
+                print("\n".join(_secure_comments(zookeeper)))
             sys.stdout.flush()
             print(
                 f"# ZooKeeper pids {_pids(zookeeper)}"

@@ -21,7 +21,14 @@ Fixtures:
 * ``zk_ensemble`` (function): a started 3-node :class:`ZooKeeperEnsemble`, stopped after. Not
   shared between tests, because tests kill its nodes.
 * ``zk_stack_factory`` (function): a :class:`StackFactory` that starts extra servers, ensembles
-  and Redis servers with given options and stops them all after the test.
+  and Redis servers with given options and stops them all after the test (a secured one with
+  ``zk_stack_factory.server(security=ZooKeeperSecurity(...))``).
+* ``zk_secure_server`` (session): a started :class:`ZooKeeperServer` with
+  ``security=ZooKeeperSecurity()``: SASL DIGEST-MD5 users ``alice`` and ``bob`` with generated
+  passwords (``.sasl_users``), digest auth, a TLS port (``.secure_port``, ``.tls_hosts``,
+  ``.ca_file``, ``.wrong_ca_file``) and the plain port (``.hosts``). Always started locally,
+  also when ``ZKLOCK_TEST_ZK_HOSTS`` is set.
+* ``zk_tls_only_server`` (session): the same with the plain port off (``.hosts`` raises).
 
 Servers are started from the main thread, as fixtures run there; see
 :mod:`celery_zklock.testing.processes` for why that matters.
@@ -41,6 +48,7 @@ import pytest
 
 from celery_zklock.testing.processes import StackError
 from celery_zklock.testing.redis_server import RedisServer
+from celery_zklock.testing.security import ZooKeeperSecurity
 from celery_zklock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
 
 if TYPE_CHECKING:
@@ -81,7 +89,8 @@ class StackFactory:
         self._started: list[ZooKeeperServer | ZooKeeperEnsemble | RedisServer] = []
 
     def server(self, *, timeout: float = 30.0, **options: Any) -> ZooKeeperServer:
-        """A started standalone server; ``options`` are :class:`ZooKeeperServer`'s keywords."""
+        """A started standalone server; ``options`` are :class:`ZooKeeperServer`'s keywords
+        (``security=ZooKeeperSecurity(plain=False)`` for a TLS-only one)."""
         server = ZooKeeperServer(**options)
         self._started.append(server)
         return server.start(timeout=timeout)
@@ -118,6 +127,20 @@ def zk_server() -> Iterator[ZooKeeperServer | ExternalZooKeeper]:
         yield ExternalZooKeeper(external)
         return
     with ZooKeeperServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def zk_secure_server() -> Iterator[ZooKeeperServer]:
+    """A started server with SASL users alice and bob, digest auth, TLS and the plain port."""
+    with ZooKeeperServer(security=ZooKeeperSecurity()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def zk_tls_only_server() -> Iterator[ZooKeeperServer]:
+    """A started server like ``zk_secure_server`` whose only client port is the TLS one."""
+    with ZooKeeperServer(security=ZooKeeperSecurity(plain=False)) as server:
         yield server
 
 

@@ -7,6 +7,12 @@ port was taken is retried with new ports. An ensemble's ``isolatable`` members c
 from the others (:meth:`ZooKeeperEnsemble.isolate`). ZooKeeper is found through
 ``zookeeper_home``/``$ZOOKEEPER_HOME`` or Debian's jar, java through ``java``/``$JAVA_HOME``/
 ``PATH``; a missing one raises :class:`MissingDependency` naming the Debian package.
+
+Security (``security=``:class:`~celery_zklock.testing.security.ZooKeeperSecurity`): SASL
+DIGEST-MD5 users, a TLS client port and the plain port switched off; the material (certificates,
+JAAS file) is generated once per start into a private directory of the server or ensemble, and
+each node reads its own copy. With TLS on, readiness and :meth:`ZooKeeperNode.srvr` ask over TLS
+(the TLS port is the last one a standalone server binds).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -34,7 +41,16 @@ from celery_zklock.testing.processes import (
     free_port,
     listener_is_owned_by,
     make_temp_dir,
+    remove_temp_dir,
     start_with_retries,
+)
+from celery_zklock.testing.security import (
+    TLS_HOSTNAME,
+    SecurityMaterial,
+    ZooKeeperSecurity,
+    generate_material,
+    server_config_lines,
+    server_jvm_flags,
 )
 from celery_zklock.validate import positive_int
 
@@ -51,6 +67,11 @@ __all__ = [
 DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 # Debian's zookeeper.jar carries only slf4j-api: without a binding ZooKeeper logs nothing.
 DEBIAN_SLF4J_BINDING = Path("/usr/share/java/slf4j-simple.jar")
+# The Netty jars Debian's zookeeper.jar manifest leaves out; the TLS port (Netty) needs them.
+DEBIAN_NETTY_EXTRAS = (
+    Path("/usr/share/java/netty-codec.jar"),
+    Path("/usr/share/java/netty-resolver.jar"),
+)
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 BASE_JVM_FLAGS = ("-Xms16m", "-Xmx64m", "-XX:+UseSerialGC", "-XX:-UsePerfData")
 # Only addresses that also accept connections to 127.0.0.1: readiness and port ownership are
@@ -95,6 +116,9 @@ class ZooKeeperOptions:
     ``syncLimit`` (in ticks of ``tick_time_ms``): a follower that hears nothing from its leader
     for ``sync_limit_ticks * tick_time_ms`` stops serving, and the leader drops a follower that
     is silent as long. ZooKeeper's minimum session timeout is its default, ``2 * tick_time_ms``.
+    ``security``: SASL users, a TLS client port, the plain port on or off (see
+    :class:`~celery_zklock.testing.security.ZooKeeperSecurity`); None (default): a plain port
+    and nothing else, as before.
     """
 
     container_check_interval_ms: int = 300
@@ -110,8 +134,11 @@ class ZooKeeperOptions:
     client_address: str = "127.0.0.1"
     init_limit_ticks: int = 10
     sync_limit_ticks: int = 5
+    security: ZooKeeperSecurity | None = None
 
     def __post_init__(self) -> None:
+        if self.security is not None and not isinstance(self.security, ZooKeeperSecurity):
+            raise ValueError(f"security must be a ZooKeeperSecurity or None, got {self.security!r}")
         if self.client_address not in CLIENT_ADDRESSES:
             raise ValueError(
                 f"client_address must be one of {', '.join(CLIENT_ADDRESSES)}, "
@@ -139,6 +166,16 @@ class ZooKeeperOptions:
     def pick_port(self) -> int:
         return (self.port_picker or free_port)()
 
+    @property
+    def tls(self) -> bool:
+        """True if nodes serve a TLS client port."""
+        return self.security is not None and self.security.tls
+
+    @property
+    def plain(self) -> bool:
+        """True if nodes serve the plain client port."""
+        return self.security is None or self.security.plain
+
 
 @dataclass(frozen=True)
 class _Runtime:
@@ -164,7 +201,9 @@ def _find_java(explicit: str | None) -> str:
     return found
 
 
-def _find_classpath(explicit: str | os.PathLike[str] | None) -> tuple[str, ...]:
+def _find_classpath(
+    explicit: str | os.PathLike[str] | None, *, netty: bool = False
+) -> tuple[str, ...]:
     home = explicit if explicit is not None else os.environ.get("ZOOKEEPER_HOME") or None
     if home is not None:
         root = Path(home)
@@ -185,12 +224,15 @@ def _find_classpath(explicit: str | os.PathLike[str] | None) -> tuple[str, ...]:
     debian = [DEBIAN_ZOOKEEPER_JAR]  # its manifest Class-Path pulls in its dependencies
     if DEBIAN_SLF4J_BINDING.is_file():
         debian.append(DEBIAN_SLF4J_BINDING)
+    if netty:
+        debian += [jar for jar in DEBIAN_NETTY_EXTRAS if jar.is_file()]
     return tuple(str(jar) for jar in debian)
 
 
 def _find_runtime(options: ZooKeeperOptions) -> _Runtime:
     return _Runtime(
-        java=_find_java(options.java), classpath=_find_classpath(options.zookeeper_home)
+        java=_find_java(options.java),
+        classpath=_find_classpath(options.zookeeper_home, netty=options.tls),
     )
 
 
@@ -198,26 +240,43 @@ def _find_runtime(options: ZooKeeperOptions) -> _Runtime:
 
 
 def four_letter_word(
-    port: int, word: str, *, host: str = "127.0.0.1", timeout: float = 2.0
+    port: int,
+    word: str,
+    *,
+    host: str = "127.0.0.1",
+    timeout: float = 2.0,
+    tls: ssl.SSLContext | None = None,
+    server_hostname: str = TLS_HOSTNAME,
 ) -> str | None:
     """ZooKeeper's answer to the four-letter word ``word`` (``srvr``, ``mntr``, ``cons``, ...)
-    on ``host:port``, or None if nobody answered. Reads at most 1 MiB."""
+    on ``host:port``, or None if nobody answered. Reads at most 1 MiB.
+
+    ``tls``: ask over TLS with this context (a secure client port), checking the certificate
+    against ``server_hostname`` if the context checks hostnames; a failed handshake is None.
+    """
+    chunks: list[bytes] = []
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(word.encode("ascii"))
-            chunks: list[bytes] = []
-            received = 0
-            while received < 1 << 20 and (chunk := sock.recv(65536)):
-                chunks.append(chunk)
-                received += len(chunk)
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=server_hostname)
+            with sock:
+                sock.sendall(word.encode("ascii"))
+                received = 0
+                while received < 1 << 20 and (chunk := sock.recv(65536)):
+                    chunks.append(chunk)
+                    received += len(chunk)
+    except ssl.SSLEOFError:
+        if not chunks:  # a TLS peer that closes without close_notify has still answered
+            return None
     except OSError:
         return None
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def srvr(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str | None:
-    """The answer to ``srvr``, or None if nobody answered."""
-    return four_letter_word(port, "srvr", host=host, timeout=timeout)
+def srvr(
+    port: int, host: str = "127.0.0.1", timeout: float = 1.0, tls: ssl.SSLContext | None = None
+) -> str | None:
+    """The answer to ``srvr`` (over TLS with context ``tls``), or None if nobody answered."""
+    return four_letter_word(port, "srvr", host=host, timeout=timeout, tls=tls)
 
 
 def _mode_of(answer: str | None) -> str | None:
@@ -234,8 +293,13 @@ class ZooKeeperNode(ChildProcess):
     """One ZooKeeper process: its ports, its directory and (while it runs) its JVM.
 
     ``myid`` is the server id in an ensemble (1..N), or 1 for a standalone server.
-    ``port`` is the client port. The directory survives :meth:`stop` and a killed JVM, so that
-    an ensemble can restart the node with the same data; :meth:`destroy` removes it.
+    ``port`` is the client port: the plain one, or, when ``options.security`` switches the plain
+    port off, the TLS one. ``secure_port`` is the TLS client port when ``options.security`` has
+    TLS (required then, and equal to ``port`` or omitted with the plain port off), else None;
+    ``material`` is the generated security material, required with ``options.security``; the
+    node copies the files the server reads into its own directory (``security/``). The
+    directory survives :meth:`stop` and a killed JVM, so that an ensemble can restart the node
+    with the same data; :meth:`destroy` removes it.
     ``uid``: run the JVM under this numeric uid and gid (no passwd entry needed; its directory
     is given to it at launch) through ``setpriv``, which keeps the parent-death signal; needs
     root. None (default) runs it as we run.
@@ -252,7 +316,23 @@ class ZooKeeperNode(ChildProcess):
         quorum_port: int | None = None,
         election_port: int | None = None,
         uid: int | None = None,
+        secure_port: int | None = None,
+        material: SecurityMaterial | None = None,
     ) -> None:
+        if options.tls:
+            if not options.plain:
+                if secure_port not in (None, port):
+                    raise ValueError(
+                        f"with the plain port off, port is the TLS port: secure_port "
+                        f"({secure_port}) must be omitted or equal to port ({port})"
+                    )
+                secure_port = port
+            elif secure_port is None or secure_port == port:
+                raise ValueError("a node with TLS and plain ports needs a distinct secure_port")
+        elif secure_port is not None:
+            raise ValueError("secure_port is given but options.security has no TLS")
+        if (options.security is None) != (material is None):
+            raise ValueError("material must be given exactly when options.security is set")
         directory = make_temp_dir(f"zklock-zk{myid}-")
         super().__init__(
             f"ZooKeeper node {myid} (port {port})",
@@ -266,7 +346,10 @@ class ZooKeeperNode(ChildProcess):
         self.port = port
         self.quorum_port = quorum_port
         self.election_port = election_port
+        self.secure_port = secure_port
+        self.material = material
         self._options = options
+        self._probe_tls = material.tls_context() if material and options.tls else None
         self.data_dir = directory / "data"
         self.data_dir.mkdir()
 
@@ -274,7 +357,13 @@ class ZooKeeperNode(ChildProcess):
         return f"<ZooKeeperNode myid={self.myid} port={self.port} pid={self.pid}>"
 
     def srvr(self, timeout: float = 1.0) -> str | None:
-        """The node's answer to ``srvr``, or None if nothing answers on its client port."""
+        """The node's answer to ``srvr``, or None if nothing answers on its client port.
+
+        With TLS on, asked on the TLS port over TLS (the certificate is checked), else on the
+        plain port.
+        """
+        if self._probe_tls is not None and self.secure_port is not None:
+            return srvr(self.secure_port, timeout=timeout, tls=self._probe_tls)
         return srvr(self.port, timeout=timeout)
 
     def mode(self) -> str | None:
@@ -297,6 +386,8 @@ class ZooKeeperNode(ChildProcess):
     def _listeners(self, mode: str | None) -> list[int]:
         """The ports our JVM listens on in ``mode``."""
         ports = [self.port]
+        if self.secure_port is not None and self.secure_port != self.port:
+            ports.append(self.secure_port)
         if self.election_port is not None:
             ports.append(self.election_port)
         if mode == "leader" and self.quorum_port is not None:
@@ -306,11 +397,18 @@ class ZooKeeperNode(ChildProcess):
     def write_config(self, peers: Sequence[ZooKeeperNode] = ()) -> Path:
         """Write ``zoo.cfg`` (and ``myid`` when ``peers`` is given); return the config path."""
         opts = self._options
-        lines = [
-            f"tickTime={opts.tick_time_ms}",
-            f"dataDir={self.data_dir}",
-            f"clientPort={self.port}",
-            f"clientPortAddress={opts.client_address}",
+        lines = [f"tickTime={opts.tick_time_ms}", f"dataDir={self.data_dir}"]
+        if opts.plain:
+            lines += [f"clientPort={self.port}", f"clientPortAddress={opts.client_address}"]
+        if self.material is not None:
+            files = self._copy_security_files(self.material)
+            lines += server_config_lines(
+                self.material,
+                files,
+                secure_port=self.secure_port,
+                address=opts.client_address,
+            )
+        lines += [
             "4lw.commands.whitelist=*",
             "admin.enableServer=false",
             f"maxSessionTimeout={opts.max_session_timeout_ms}",
@@ -332,6 +430,15 @@ class ZooKeeperNode(ChildProcess):
         (self.directory / "log4j.properties").write_text(_LOG4J_PROPERTIES, encoding="ascii")
         return config
 
+    def _copy_security_files(self, material: SecurityMaterial) -> Path:
+        """Copy what the server reads into our directory (a JVM run under its own uid cannot
+        read the material's private directory); return the copy's directory."""
+        files = self.directory / "security"
+        files.mkdir(mode=0o700, exist_ok=True)
+        for path in material.server_files():
+            shutil.copyfile(path, files / path.name)
+        return files
+
     def launch(self, runtime: _Runtime) -> None:
         """Start the JVM on the written config; does not wait for it to serve."""
         opts = self._options
@@ -349,6 +456,11 @@ class ZooKeeperNode(ChildProcess):
             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
             f"-Dzookeeper.log.dir={self.directory}",
             "-Dzookeeper.jmx.log4j.disable=true",
+            *(
+                server_jvm_flags(self.material, self.directory / "security")
+                if self.material is not None
+                else ()
+            ),
             *opts.extra_jvm_flags,
             "-cp",
             os.pathsep.join(runtime.classpath),
@@ -387,21 +499,125 @@ class ZooKeeperNode(ChildProcess):
         return self.wait_ready(
             deadline,
             lambda: _mode_of(self.srvr(timeout=0.5)),
-            ports=[p for p in (self.port, self.quorum_port, self.election_port) if p is not None],
+            ports=[
+                p
+                for p in (self.port, self.secure_port, self.quorum_port, self.election_port)
+                if p is not None
+            ],
             bind_failure=_BIND_FAILURE_RE,
             listeners=self._listeners,
             accept=wanted.__contains__,
         )
 
 
+# ------------------------------------------------------------------------------------ security
+
+
+class _Secured(Service):
+    """What a client needs to reach a server or ensemble started with ``security=``.
+
+    The material is generated by :meth:`_make_material` at start, into a private directory
+    that :meth:`_drop_material` (called by stop) removes. Every accessor raises StackError
+    before start, or when the part is not secured in the way asked about.
+    """
+
+    options: ZooKeeperOptions
+    _material: SecurityMaterial | None = None
+
+    def _client_nodes(self) -> list[ZooKeeperNode]:
+        raise NotImplementedError
+
+    def _make_material(self) -> None:
+        security = self.options.security
+        if security is None:
+            return
+        directory = make_temp_dir("zklock-zksec-")
+        try:
+            self._material = generate_material(security, directory)
+        except BaseException:
+            remove_temp_dir(directory)
+            raise
+
+    def _drop_material(self) -> None:
+        material, self._material = self._material, None
+        if material is not None:
+            remove_temp_dir(material.directory)
+
+    def _plain_off(self) -> StackError:
+        return StackError(
+            f"{self.what} has no plain client port (ZooKeeperSecurity(plain=False)): "
+            "connect with tls_hosts"
+        )
+
+    @property
+    def security_material(self) -> SecurityMaterial:
+        """Everything generated for this start (raises StackError before start or if not
+        secured)."""
+        if not self.is_started():
+            raise self._not_started()
+        if self._material is None:
+            raise StackError(f"{self.what} was started without security=ZooKeeperSecurity(...)")
+        return self._material
+
+    def _tls_material(self) -> SecurityMaterial:
+        material = self.security_material
+        if not material.security.tls:
+            raise StackError(f"{self.what} has no TLS port (ZooKeeperSecurity(tls=False))")
+        return material
+
+    @property
+    def tls_hosts(self) -> str:
+        """``localhost:PORT[,localhost:PORT...]``: the TLS client ports, under the one name the
+        server certificate is valid for."""
+        self._tls_material()
+        return ",".join(f"{TLS_HOSTNAME}:{node.secure_port}" for node in self._client_nodes())
+
+    @property
+    def ca_file(self) -> Path:
+        """PEM of the CA that signed the server certificate (trust it, and only it)."""
+        path = self._tls_material().ca_file
+        assert path is not None  # set whenever tls is
+        return path
+
+    @property
+    def wrong_ca_file(self) -> Path:
+        """PEM of an unrelated CA: a client trusting only it must fail to connect."""
+        path = self._tls_material().wrong_ca_file
+        assert path is not None
+        return path
+
+    @property
+    def client_cert_file(self) -> Path:
+        """PEM client certificate (``localhost``, ``127.0.0.1``) signed by :attr:`ca_file`'s
+        CA, for ``client_auth`` ``want``/``need``."""
+        path = self._tls_material().client_cert_file
+        assert path is not None
+        return path
+
+    @property
+    def client_key_file(self) -> Path:
+        """PEM private key of :attr:`client_cert_file` (not encrypted)."""
+        path = self._tls_material().client_key_file
+        assert path is not None
+        return path
+
+    @property
+    def sasl_users(self) -> dict[str, str]:
+        """SASL DIGEST-MD5 user -> password (empty if SASL is off)."""
+        return dict(self.security_material.sasl_users)
+
+
 # ---------------------------------------------------------------------------------- standalone
 
 
-class ZooKeeperServer(Service):
+class ZooKeeperServer(_Secured):
     """A standalone ZooKeeper server on 127.0.0.1, a child of this process.
 
     ``start`` returns once it serves (see the module docstring); ``stop`` returns once the JVM
-    is gone and its directory removed. Options: see :class:`ZooKeeperOptions`.
+    is gone and its directory removed. Options: see :class:`ZooKeeperOptions`. With
+    ``security``, what a client needs is on the started server: :attr:`secure_port`,
+    :attr:`tls_hosts`, :attr:`ca_file`, :attr:`wrong_ca_file`, :attr:`sasl_users`,
+    :attr:`client_cert_file`/:attr:`client_key_file`, and :attr:`hosts` if the plain port is on.
     """
 
     what = "the ZooKeeper server"
@@ -421,6 +637,7 @@ class ZooKeeperServer(Service):
         port_picker: Callable[[], int] | None = None,
         start_attempts: int = 3,
         client_address: str = "127.0.0.1",
+        security: ZooKeeperSecurity | None = None,
     ) -> None:
         self.options = ZooKeeperOptions(
             container_check_interval_ms=container_check_interval_ms,
@@ -434,6 +651,7 @@ class ZooKeeperServer(Service):
             port_picker=port_picker,
             start_attempts=start_attempts,
             client_address=client_address,
+            security=security,
         )
         self._child = None
 
@@ -453,9 +671,17 @@ class ZooKeeperServer(Service):
         """
         self._refuse_restart()
         runtime = _find_runtime(self.options)
+        opts = self.options
 
         def attempt(deadline: float) -> ZooKeeperNode:
-            node = ZooKeeperNode(1, self.options, port=self.options.pick_port())
+            port = opts.pick_port()
+            node = ZooKeeperNode(
+                1,
+                opts,
+                port=port,
+                secure_port=opts.pick_port() if opts.tls and opts.plain else None,
+                material=self._material,
+            )
             try:
                 node.write_config()
                 node.launch(runtime)
@@ -465,16 +691,28 @@ class ZooKeeperServer(Service):
                 raise
             return node
 
-        self._child = start_with_retries(
-            "ZooKeeper server", self.options.start_attempts, timeout, attempt
-        )
+        self._make_material()
+        try:
+            self._child = start_with_retries(
+                "ZooKeeper server", self.options.start_attempts, timeout, attempt
+            )
+        except BaseException:
+            self._drop_material()
+            raise
         return self
 
     def stop(self) -> None:
-        """Stop the server and remove its directory; returns once the JVM is gone. Idempotent."""
+        """Stop the server and remove its directory (and the security material); returns once
+        the JVM is gone. Idempotent."""
         node, self._child = self._child, None
-        if node is not None:
-            node.destroy()
+        try:
+            if node is not None:
+                node.destroy()
+        finally:
+            self._drop_material()
+
+    def _client_nodes(self) -> list[ZooKeeperNode]:
+        return [self.node]
 
     @property
     def node(self) -> ZooKeeperNode:
@@ -485,13 +723,25 @@ class ZooKeeperServer(Service):
 
     @property
     def port(self) -> int:
-        """The client port (raises StackError before start)."""
-        return self.node.port
+        """The plain client port (raises StackError before start or with it off)."""
+        node = self.node
+        if not self.options.plain:
+            raise self._plain_off()
+        return node.port
 
     @property
     def hosts(self) -> str:
-        """The connection string, ``127.0.0.1:PORT`` (raises StackError before start)."""
+        """The plain connection string, ``127.0.0.1:PORT`` (raises StackError before start or
+        with the plain port off)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_port(self) -> int:
+        """The TLS client port (raises StackError before start or without TLS)."""
+        self._tls_material()
+        port = self.node.secure_port
+        assert port is not None  # every node of a TLS server has one
+        return port
 
 
 # ---------------------------------------------------------------------------------- partitions
@@ -757,7 +1007,7 @@ def _wait_ensemble_serving(nodes: Sequence[ZooKeeperNode], deadline: float) -> N
         time.sleep(0.02)
 
 
-class ZooKeeperEnsemble(Service):
+class ZooKeeperEnsemble(_Secured):
     """An N-node ZooKeeper ensemble on 127.0.0.1 (``size >= 2``), every node a child of ours.
 
     ``start`` returns once every node serves and a leader exists. Nodes can be killed and
@@ -773,6 +1023,9 @@ class ZooKeeperEnsemble(Service):
     the next ensemble that installs a chain in this pid namespace. Requirements:
     :func:`partition_unavailable_reason`; ``start`` raises :class:`MissingDependency` or
     :class:`StackError` with that reason when they are not met. Up to myid 7.
+
+    ``security``: as for :class:`ZooKeeperServer` (every member the same; one CA and server
+    certificate for all); :attr:`tls_hosts` lists every member's TLS port.
     """
 
     what = "the ZooKeeper ensemble"
@@ -795,6 +1048,7 @@ class ZooKeeperEnsemble(Service):
         init_limit_ticks: int = 10,
         sync_limit_ticks: int = 5,
         isolatable: bool | Collection[int] = False,
+        security: ZooKeeperSecurity | None = None,
     ) -> None:
         if size < 2:
             raise ValueError(f"an ensemble needs size >= 2, got {size}; use ZooKeeperServer")
@@ -820,6 +1074,7 @@ class ZooKeeperEnsemble(Service):
             client_address=client_address,
             init_limit_ticks=init_limit_ticks,
             sync_limit_ticks=sync_limit_ticks,
+            security=security,
         )
         self._nodes: list[ZooKeeperNode] = []
         self._runtime: _Runtime | None = None
@@ -847,7 +1102,8 @@ class ZooKeeperEnsemble(Service):
                 uids = {m: _UID_BASE + secrets.randbelow(0x3FFF0000) for m in self.isolatable}
 
         def attempt(deadline: float) -> list[ZooKeeperNode]:
-            pick = self.options.pick_port
+            opts = self.options
+            pick = opts.pick_port
             nodes: list[ZooKeeperNode] = []
             firewall: _Firewall | None = None
             try:
@@ -855,11 +1111,13 @@ class ZooKeeperEnsemble(Service):
                     nodes.append(
                         ZooKeeperNode(
                             myid,
-                            self.options,
+                            opts,
                             port=pick(),
                             quorum_port=pick(),
                             election_port=pick(),
                             uid=uids.get(myid),
+                            secure_port=pick() if opts.tls and opts.plain else None,
+                            material=self._material,
                         )
                     )
                 if uids:
@@ -885,16 +1143,22 @@ class ZooKeeperEnsemble(Service):
                 raise
             return nodes
 
-        self._nodes = start_with_retries(
-            f"ZooKeeper ensemble of {self.size}", self.options.start_attempts, timeout, attempt
-        )
+        self._make_material()
+        try:
+            self._nodes = start_with_retries(
+                f"ZooKeeper ensemble of {self.size}", self.options.start_attempts, timeout, attempt
+            )
+        except BaseException:
+            self._drop_material()
+            raise
         self._runtime = runtime
         return self
 
     def stop(self) -> None:
         """Stop every node and remove their directories; returns once all JVMs are gone.
 
-        Also heals every partition and removes the ensemble's iptables chain. Idempotent.
+        Also heals every partition, removes the ensemble's iptables chain and the security
+        material. Idempotent.
         """
         nodes, self._nodes = self._nodes, []
         firewall, self._firewall = self._firewall, None
@@ -904,8 +1168,16 @@ class ZooKeeperEnsemble(Service):
             for node in nodes:
                 node.destroy()
         finally:
-            if firewall is not None:
-                firewall.remove()
+            try:
+                if firewall is not None:
+                    firewall.remove()
+            finally:
+                self._drop_material()
+
+    def _client_nodes(self) -> list[ZooKeeperNode]:
+        if not self._nodes:
+            raise self._not_started()
+        return list(self._nodes)
 
     def is_started(self) -> bool:
         return bool(self._nodes)
@@ -973,9 +1245,12 @@ class ZooKeeperEnsemble(Service):
 
     @property
     def hosts(self) -> str:
-        """``127.0.0.1:p1,127.0.0.1:p2,...`` (raises StackError before start)."""
+        """``127.0.0.1:p1,127.0.0.1:p2,...``: the plain client ports (raises StackError before
+        start or with the plain port off)."""
         if not self._nodes:
             raise self._not_started()
+        if not self.options.plain:
+            raise self._plain_off()
         return ",".join(f"127.0.0.1:{node.port}" for node in self._nodes)
 
     def leader(self, timeout: float = 10.0) -> int:
