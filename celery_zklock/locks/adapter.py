@@ -8,8 +8,10 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   ``timeOut`` on the connection object *before* kazoo reports CONNECTED. A client that connected
   before this module was imported has no such record: :func:`force_reconnect` makes it reconnect
   (same session) so the next handshake is seen.
-- **Two requests:** ``createContainer`` (opcode 19, a parent the server deletes once empty) and
-  ``removeWatches`` (opcode 18), sent through ``KazooClient._call`` like kazoo's own requests.
+- **Three requests:** ``createContainer`` (opcode 19, a parent the server deletes once empty),
+  ``createTTL`` (opcode 21, a node the server deletes once unchanged for its TTL; only where the
+  server runs with ``zookeeper.extendedTypesEnabled=true``, else it answers ``Unimplemented``)
+  and ``removeWatches`` (opcode 18), sent through ``KazooClient._call`` like kazoo's own.
 - **A client-side watcher** that did not fire is dropped from ``KazooClient._data_watchers``.
 - **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
@@ -31,6 +33,7 @@ from kazoo.protocol.serialization import (
     Connect,
     ZnodeStat,
     int_struct,
+    long_struct,
     read_string,
     stat_struct,
     write_buffer,
@@ -51,6 +54,8 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
 
 #: ZooKeeper's CreateMode.CONTAINER flag.
 CONTAINER_FLAGS: Final = 4
+#: ZooKeeper's CreateMode.PERSISTENT_WITH_TTL flag.
+TTL_FLAGS: Final = 5
 #: RemoveWatches watcher types (org.apache.zookeeper.Watcher.WatcherType).
 DATA_WATCHES: Final = 2
 _NEGOTIATED_ATTR: Final = "_zklock_negotiated_timeout"
@@ -155,6 +160,22 @@ class CreateContainer:
         return path, ZnodeStat._make(stat_struct.unpack_from(data, offset))
 
 
+class CreateTTL(CreateContainer):
+    """``createTTL`` (opcode 21): a persistent node the server deletes once it has had no child
+    and no change for ``ttl`` milliseconds. The body is a CreateRequest plus the TTL (a long)."""
+
+    type: ClassVar[int] = 21
+
+    def __init__(self, path: str, data: bytes, acl: list[ACL], flags: int, ttl_ms: int) -> None:
+        super().__init__(path, data, acl, flags)
+        self.ttl_ms = ttl_ms
+
+    def serialize(self) -> bytearray:
+        body = super().serialize()
+        body.extend(long_struct.pack(self.ttl_ms))
+        return body
+
+
 class RemoveWatches:
     """``removeWatches`` (opcode 18): drop this session's watches of one type on one path."""
 
@@ -183,6 +204,23 @@ def create_container_async(client: Any, path: str, acl: list[ACL] | None = None)
         b"",
         list(acl if acl is not None else (client.default_acl or OPEN_ACL_UNSAFE)),
         CONTAINER_FLAGS,
+    )
+    client._call(request, result)
+    return result
+
+
+def create_ttl_async(
+    client: Any, path: str, data: bytes, ttl_ms: int, acl: list[ACL] | None = None
+) -> Any:
+    """Send ``createTTL`` for ``path``; returns kazoo's async result (path, stat). The server
+    answers ``UnimplementedError`` when TTL nodes are not enabled on it."""
+    result = client.handler.async_result()
+    request = CreateTTL(
+        client.chroot + path if client.chroot else path,
+        data,
+        list(acl if acl is not None else (client.default_acl or OPEN_ACL_UNSAFE)),
+        TTL_FLAGS,
+        ttl_ms,
     )
     client._call(request, result)
     return result

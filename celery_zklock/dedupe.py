@@ -1,0 +1,200 @@
+"""Enqueue-time deduplication: one message per lock key while an earlier one is queued (or
+running), crash-safely.
+
+A call with ``lock_dedupe`` set first claims a *marker*, a znode next to the run lock
+(``<lock path>~dedupe``) whose data names the task id that owns it. Creating it is atomic: among
+any number of concurrent callers, in any number of processes, one create succeeds and only that
+caller sends its message; the others get the owner's task id (``AsyncResult`` of it, or
+``AlreadyQueued``). The owner's run removes the marker when it starts (``"queued"``) or when it
+ends (``"running"``: success, failure, ``Ignore``, a skip; a retry keeps it, and so do the
+retry's own ``apply_async`` and the message's redeliveries, which carry the owner's id).
+
+Nothing may leave a key deduplicated forever (a caller killed between marker and send, a
+message the broker lost, a purged queue, a revoked task, a worker killed mid-run). A marker
+stops counting when:
+
+- it is a TTL node (where the server enables them, ``zookeeper.extendedTypesEnabled=true``)
+  and ``ttl`` seconds passed since it was written: the server deletes it; or
+- (everywhere) its owner's state in the result backend is final (``SUCCESS``, ``FAILURE``,
+  ``REVOKED``...): the run is over, whatever became of the marker; or
+- it is older than ``ttl`` by the claiming caller's clock (the data holds the writer's time).
+
+A caller that finds a marker that no longer counts replaces it with a *versioned* ``set``: of
+two callers that both judged it stale, one ``set`` fails on the version and that caller reads
+again, so two callers never both send because of a stale check.
+
+**Worst case**: a key whose owner will never run (killed caller, lost or purged message) is
+deduplicated for ``ttl`` seconds after the marker was written (plus the clock skew between
+machines when the server has no TTL nodes and the result backend cannot tell). A worker killed
+mid-run leaves the state ``STARTED`` (or ``PENDING``): the same bound.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from celery import states
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    UnimplementedError,
+)
+
+from celery_zklock.errors import ZkLockError
+from celery_zklock.locks import adapter
+from celery_zklock.locks.context import Deadline, wait_result
+
+__all__ = ["AlreadyQueued", "Dedupe", "claim", "marker_path", "release"]
+
+Dedupe = Literal["queued", "running"]
+MARKER_SUFFIX: Final = "~dedupe"
+CALL_TIMEOUT: Final = 10.0
+CLAIM_ROUNDS: Final = 5
+
+
+class AlreadyQueued(ZkLockError):
+    """A call with ``lock_dedupe_raise=True`` found its key's earlier message still queued (or
+    running): ``task_id`` is that message's task id."""
+
+    def __init__(self, message: str, task_id: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What a marker holds: the owning task id, its mode, and when (writer's clock) it was
+    written."""
+
+    task_id: str
+    mode: str
+    written: float
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"task_id": self.task_id, "mode": self.mode, "written": self.written},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Marker | None:
+        try:
+            data = json.loads(raw)
+            return cls(str(data["task_id"]), str(data["mode"]), float(data["written"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def marker_path(lock_path: str) -> str:
+    """The marker of the lock at ``lock_path``: a sibling of the lock's parent, so the lock's
+    contender queue never sees it."""
+    return lock_path + MARKER_SUFFIX
+
+
+_ttl_unsupported: weakref.WeakSet[KazooClient] = weakref.WeakSet()
+"""Clients whose server answered createTTL with Unimplemented (TTL nodes not enabled)."""
+
+
+def claim(
+    client: KazooClient,
+    lock_path: str,
+    task_id: str,
+    mode: Dedupe,
+    ttl: float,
+    owner_state: Any,
+) -> str | None:
+    """Claim ``lock_path``'s marker for ``task_id``; None if it is ours now (send the message),
+    else the task id that owns it (send nothing).
+
+    ``owner_state(task_id)`` returns a task's state in the result backend (``PENDING`` when the
+    backend knows nothing). A marker already naming ``task_id`` is ours (a retry re-sends with
+    the same id).
+    """
+    path = marker_path(lock_path)
+    ours = Marker(task_id, mode, time.time()).encode()
+    for _ in range(CLAIM_ROUNDS):
+        if _create(client, path, ours, ttl):
+            return None
+        try:
+            raw, stat = client.get(path)
+        except NoNodeError:
+            continue  # it went between our create and our read: try the create again
+        found = Marker.decode(raw)
+        if found is not None and found.task_id == task_id:
+            return None
+        if found is not None and not _stale(found, ttl, owner_state):
+            return found.task_id
+        try:
+            client.set(path, ours, version=stat.version)
+            return None
+        except (BadVersionError, NoNodeError):
+            continue  # another caller replaced or removed it first: look again
+    raise ZkLockError(
+        f"could not claim the dedupe marker {path} in {CLAIM_ROUNDS} rounds (it kept changing)"
+    )
+
+
+def release(client: KazooClient, lock_path: str, task_id: str) -> bool:
+    """Remove ``lock_path``'s marker if it still names ``task_id``; True if removed."""
+    path = marker_path(lock_path)
+    try:
+        raw, stat = client.get(path)
+        found = Marker.decode(raw)
+        if found is None or found.task_id != task_id:
+            return False
+        client.delete(path, version=stat.version)
+    except (NoNodeError, BadVersionError):
+        return False
+    return True
+
+
+def _stale(marker: Marker, ttl: float, owner_state: Any) -> bool:
+    if time.time() - marker.written > ttl:
+        return True
+    return owner_state(marker.task_id) in states.READY_STATES
+
+
+def _create(client: KazooClient, path: str, data: bytes, ttl: float) -> bool:
+    """Create the marker (a TTL node where the server has them); False if it exists."""
+    for _ in range(CLAIM_ROUNDS):
+        try:
+            _create_once(client, path, data, ttl)
+            return True
+        except NodeExistsError:
+            return False
+        except NoNodeError:
+            _ensure_parent(client, path)  # the parent is a container: it may have been reaped
+    raise ZkLockError(f"could not create the dedupe marker {path}: its parent kept vanishing")
+
+
+def _create_once(client: KazooClient, path: str, data: bytes, ttl: float) -> None:
+    if client not in _ttl_unsupported:
+        try:
+            wait_result(
+                adapter.create_ttl_async(client, path, data, max(1, round(ttl * 1000))),
+                Deadline(CALL_TIMEOUT),
+                f"create {path}",
+            )
+            return
+        except UnimplementedError:
+            _ttl_unsupported.add(client)
+    client.create(path, data)
+
+
+def _ensure_parent(client: KazooClient, path: str) -> None:
+    parts = [p for p in path.split("/")[:-1] if p]
+    for i in range(len(parts)):
+        try:
+            wait_result(
+                adapter.create_container_async(client, "/" + "/".join(parts[: i + 1])),
+                Deadline(CALL_TIMEOUT),
+                "create the marker's parents",
+            )
+        except NodeExistsError:
+            continue
