@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import AuthFailedError
 from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock import validate
@@ -39,6 +40,8 @@ CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
 """``zklock_acl="creator"``: the authenticated identity that created a node may do anything
 with it; anyone may read it (operators see who holds what)."""
 TLS_PROBE_TIMEOUT = 5.0
+NAME_MISMATCH_CODES = frozenset({62, 64})
+"""OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH."""
 
 # -- one client per process -------------------------------------------------------------------
 
@@ -199,8 +202,25 @@ def get_client(config: ClientConfig) -> KazooClient:
                     if problem is not None:
                         raise ConfigurationError(problem) from exc
                     raise
+                if config.sasl:
+                    _check_sasl_login(client, config)
             _clients[config] = client
         return client
+
+
+def _check_sasl_login(client: KazooClient, config: ClientConfig) -> None:
+    """kazoo reports CONNECTED before its SASL exchange ends; a refused login shows only on the
+    next request (``AuthFailedError``, the client then lost). One read makes it show here."""
+    try:
+        client.exists("/")
+    except AuthFailedError as exc:
+        _stop_quietly(client)
+        user = dict(config.sasl).get("username", "?")
+        raise ConfigurationError(
+            f"SASL {dict(config.sasl).get('mechanism')} login as {user!r} was refused by "
+            f"{config.hosts}: check zklock_sasl (env ZKLOCK_SASL_USERNAME/ZKLOCK_SASL_PASSWORD) "
+            "against the server's JAAS Server section"
+        ) from exc
 
 
 def _stop_quietly(client: KazooClient) -> None:
@@ -243,7 +263,7 @@ def tls_problem(config: ClientConfig) -> str | None:
             with context.wrap_socket(raw, server_hostname=host):
                 return None
         except ssl.SSLCertVerificationError as exc:
-            if exc.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH
+            if exc.verify_code in NAME_MISMATCH_CODES:
                 return (
                     f"TLS: the certificate of {host}:{port} does not name {host!r} "
                     f"({exc.verify_message}); connect by a name the certificate holds, or set "

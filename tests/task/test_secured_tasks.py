@@ -19,6 +19,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
 from celery_zklock import LockLost
+from celery_zklock.testing import ZooKeeperServer
 from tests.lockutil import expire_session_id
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, held_session, workers
@@ -107,3 +108,31 @@ def test_the_client_factory_builds_each_process_client_and_loss_still_revokes(
         )
         with pytest.raises(LockLost, match="lost"):
             victim.get(timeout=30, propagate=True)
+
+
+def test_tasks_run_over_verified_tls_with_sasl_on_a_tls_only_server(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_tls_only_server: ZooKeeperServer
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import exclusive_section
+
+    server = zk_tls_only_server
+    env = {
+        **env,
+        "ZKLOCK_HOSTS": server.tls_hosts,
+        "ZKLOCK_USE_SSL": "true",
+        "ZKLOCK_SSL_CA": server.ca_file,  # hostnames checked too: the default with a CA
+        "ZKLOCK_SASL_MECHANISM": "DIGEST-MD5",
+        "ZKLOCK_SASL_USERNAME": "alice",
+        "ZKLOCK_SASL_PASSWORD": server.sasl_users["alice"],
+        "ZKLOCK_ACL": "creator",
+    }
+    with workers(app, "threads", 1, env, tmp) as (worker,):
+        results = [
+            exclusive_section.apply_async((f"tls-{i % 2}", 0.05), queue=worker.queue)
+            for i in range(6)
+        ]
+        values = [r.get(timeout=60) for r in results]
+    assert all(r.state == "SUCCESS" for r in results)
+    ran = [v for v in values if "token" in v]
+    assert len(ran) >= 2 and len({v["token"] for v in ran}) == len(ran)
