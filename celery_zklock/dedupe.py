@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -50,7 +51,7 @@ from celery_zklock.errors import ZkLockError
 from celery_zklock.locks import adapter
 from celery_zklock.locks.context import Deadline, wait_result
 
-__all__ = ["AlreadyQueued", "Dedupe", "claim", "marker_path", "release"]
+__all__ = ["AlreadyQueued", "Dedupe", "claim", "enqueue_once", "marker_path", "release"]
 
 Dedupe = Literal["queued", "running"]
 MARKER_SUFFIX: Final = "~dedupe"
@@ -89,6 +90,44 @@ class Marker:
             return cls(str(data["task_id"]), str(data["mode"]), float(data["written"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def enqueue_once(
+    task: Any, options: Any, lock_path: str, task_id: str, send: Callable[[], Any]
+) -> Any:
+    """Send ``task``'s call (``send()``, which sends it as ``task_id``) unless an earlier
+    message of ``lock_path``'s key still counts; then that message's ``AsyncResult``, or
+    ``AlreadyQueued`` with ``options.dedupe_raise``. The marker is removed again if the send
+    fails, so a failed call leaves nothing behind."""
+    from celery_zklock.config import settings_of  # here: config imports this module's users
+    from celery_zklock.session import get_client
+
+    client = get_client(settings_of(task.app).client)
+    owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task))
+    if owner is not None:
+        if options.dedupe_raise:
+            raise AlreadyQueued(
+                f"task {task.name!r}: a call for lock {lock_path} is already "
+                f"{'queued' if options.dedupe == 'queued' else 'queued or running'} as task "
+                f"{owner}",
+                owner,
+            )
+        return task.AsyncResult(owner)
+    try:
+        return send()
+    except BaseException:
+        release(client, lock_path, task_id)
+        raise
+
+
+def _state_of(task: Any) -> Callable[[str], str]:
+    def state(task_id: str) -> str:
+        try:
+            return str(task.AsyncResult(task_id).state)
+        except Exception:  # no result backend, or it failed: it cannot tell
+            return str(states.PENDING)
+
+    return state
 
 
 def marker_path(lock_path: str) -> str:

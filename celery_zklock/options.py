@@ -25,6 +25,8 @@ from celery_zklock.validate import forbidden_in_znode, seconds
 
 __all__ = [
     "CALL_OVERRIDES",
+    "DEDUPE_MODES",
+    "DEFAULT_DEDUPE_TTL",
     "DEFAULT_MODE",
     "DEFAULT_ON_BUSY",
     "DEFAULT_ON_LOST",
@@ -38,6 +40,7 @@ __all__ = [
     "ON_TIMEOUT_POLICIES",
     "OPTIONS",
     "TASK_ATTRIBUTES",
+    "Dedupe",
     "LockMode",
     "LockOptions",
     "Naming",
@@ -54,11 +57,13 @@ LockMode = Literal["exclusive", "shared"]
 OnBusy = Literal["skip", "wait", "retry", "raise"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
+Dedupe = Literal["queued", "running"]
 
 LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
 ON_BUSY_POLICIES: Final[tuple[OnBusy, ...]] = get_args(OnBusy)
 ON_TIMEOUT_POLICIES: Final[tuple[OnTimeout, ...]] = get_args(OnTimeout)
 ON_LOST_POLICIES: Final[tuple[OnLost, ...]] = get_args(OnLost)
+DEDUPE_MODES: Final[tuple[Dedupe, ...]] = get_args(Dedupe)
 
 DEFAULT_MODE: Final[LockMode] = "exclusive"
 DEFAULT_ON_BUSY: Final[OnBusy] = "wait"
@@ -66,6 +71,7 @@ DEFAULT_TIMEOUT: Final[float] = 60.0
 DEFAULT_ON_TIMEOUT: Final[OnTimeout] = "raise"
 DEFAULT_ON_LOST: Final[OnLost] = "raise"
 DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
+DEFAULT_DEDUPE_TTL: Final[float] = 3600.0
 
 MAX_LOCK_NAME_LENGTH: Final = 255
 """Longest accepted lock name (one znode path segment)."""
@@ -108,6 +114,9 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "on_timeout": OptionRule(True, _choice_of(ON_TIMEOUT_POLICIES)),
         "on_lost": OptionRule(True, _choice_of(ON_LOST_POLICIES)),
         "retry_countdown": OptionRule(True, lambda n, label, v: _seconds(n.context, label, v)),
+        "dedupe": OptionRule(True, lambda n, label, v: _dedupe(n.context, label, v)),
+        "dedupe_raise": OptionRule(True, lambda n, label, v: _flag(n.context, label, v)),
+        "dedupe_ttl": OptionRule(True, lambda n, label, v: _positive(n.context, label, v)),
     }
 )
 """Every lock option (a :class:`LockOptions` field), the one table the task attributes, the
@@ -184,6 +193,21 @@ class LockOptions:
 
     retry_countdown: float = DEFAULT_RETRY_COUNTDOWN
     """``lock_retry_countdown``: seconds before a ``retry`` policy's new attempt, ``>= 0``."""
+
+    dedupe: Dedupe | None = None
+    """``lock_dedupe``, deduplication when sending (see :mod:`celery_zklock.dedupe`): None
+    (every call sends), ``queued`` (a call whose key has an earlier message not started yet
+    sends nothing and returns that message's ``AsyncResult``) or ``running`` (... queued or
+    running)."""
+
+    dedupe_raise: bool = False
+    """``lock_dedupe_raise``: a deduplicated call raises ``AlreadyQueued`` (with the earlier
+    message's task id) instead of returning its ``AsyncResult``."""
+
+    dedupe_ttl: float = DEFAULT_DEDUPE_TTL
+    """``lock_dedupe_ttl``: seconds after which a marker whose message never ran (a caller killed
+    before sending, a lost or purged message, a worker killed mid-run) stops deduplicating its
+    key, ``> 0``: the worst case (see :mod:`celery_zklock.dedupe`)."""
 
     def __post_init__(self) -> None:
         naming = _naming.get() or Naming(str(self.name), f"LockOptions(name={self.name!r})")
@@ -318,6 +342,22 @@ def _timeout(context: str, label: str, value: object) -> float | None:
     return seconds(
         f"{context}: {label}", value, zero=True, advice=", or None to wait without limit"
     )
+
+
+def _dedupe(context: str, label: str, value: object) -> Dedupe | None:
+    if value is None:
+        return None
+    return _choice(context, label, value, DEDUPE_MODES)
+
+
+def _flag(context: str, label: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigurationError(f"{context}: {label}={_short_repr.repr(value)} must be True or False")
+
+
+def _positive(context: str, label: str, value: object) -> float:
+    return seconds(f"{context}: {label}", value)
 
 
 def _allowed_keys() -> str:

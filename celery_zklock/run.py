@@ -20,11 +20,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
+from celery.exceptions import Retry
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
 from celery_zklock import delivery, visibility
 from celery_zklock.config import settings_of
+from celery_zklock.dedupe import release as release_marker
 from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
 from celery_zklock.interrupt import Interruption, arm
@@ -44,6 +46,11 @@ MAX_LOOKS: Final = 3
 _held = threading.local()
 
 
+def call_path(app: Any, spec: TaskLockSpec, options: LockOptions, args: Any, kwargs: Any) -> str:
+    """The lock path of one call: ``<zklock_root>/<lock name>/<key of the arguments>``."""
+    return f"{settings_of(app).root}/{options.name}/{spec.keys(args, kwargs)}"
+
+
 def current_lease() -> Lease | None:
     """The lease of the innermost locked body running on this thread (or greenlet), if any."""
     stack: list[Lease] = getattr(_held, "stack", [])
@@ -58,7 +65,7 @@ class LockedRun:
         self.task = task
         self.options: LockOptions = spec.for_call(overrides)
         self.settings = settings_of(task.app)
-        self.path = f"{self.settings.root}/{self.options.name}/{spec.keys(args, kwargs)}"
+        self.path = call_path(task.app, spec, self.options, args, kwargs)
         self.task_id = request.id
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: Lease | None = None
@@ -66,8 +73,25 @@ class LockedRun:
         self.granted_at: float | None = None
 
     def run(self, body: Callable[[], Any]) -> Any:
-        """Acquire, run ``body`` holding the lock, release; the task's result or a skip result."""
+        """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
+
+        With ``dedupe``, the call's marker goes when the run starts (``queued``) or when it ends
+        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`."""
         client = self._client()
+        dedupe = self.options.dedupe
+        if dedupe == "queued":
+            release_marker(client, self.path, self.task_id)
+        retrying = False
+        try:
+            return self._run(client, body)
+        except Retry:
+            retrying = True
+            raise
+        finally:
+            if dedupe == "running" and not retrying:
+                release_marker(client, self.path, self.task_id)
+
+    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
         rw = ReadWriteLock(client, self.path)
         side = rw.write if self.options.mode == "exclusive" else rw.read
         try:

@@ -15,14 +15,16 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from celery import Task
+from celery import Task, uuid
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
 from celery_zklock.config import settings_of
+from celery_zklock.dedupe import enqueue_once
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease
 from celery_zklock.options import (
+    DEFAULT_DEDUPE_TTL,
     DEFAULT_MODE,
     DEFAULT_ON_BUSY,
     DEFAULT_ON_LOST,
@@ -30,17 +32,19 @@ from celery_zklock.options import (
     DEFAULT_RETRY_COUNTDOWN,
     DEFAULT_TIMEOUT,
     TASK_ATTRIBUTES,
+    LockOptions,
     TaskLockSpec,
     options_from_task,
     with_call_overrides,
 )
 from celery_zklock.policy import is_skipped
-from celery_zklock.run import LockedRun, current_lease
+from celery_zklock.run import LockedRun, call_path, current_lease
 from celery_zklock.session import close_clients
 
 __all__ = ["CALL_OPTION", "ZkLockTask", "is_skipped"]
 
 CALL_OPTION = "zklock"
+_APPLY_ASYNC_POSITIONAL = ("task_id", "producer", "link", "link_error", "shadow")
 """The ``apply_async`` keyword (and message header) of a call's lock option overrides."""
 
 
@@ -71,6 +75,12 @@ class ZkLockTask(Task):  # type: ignore[misc]
     lock_on_lost: ClassVar[str] = DEFAULT_ON_LOST
     #: Seconds before a ``retry`` policy's new attempt.
     lock_retry_countdown: ClassVar[float] = DEFAULT_RETRY_COUNTDOWN
+    #: Deduplicate when sending: None, ``queued`` or ``running`` (see celery_zklock.dedupe).
+    lock_dedupe: ClassVar[str | None] = None
+    #: A deduplicated call raises AlreadyQueued instead of returning the earlier AsyncResult.
+    lock_dedupe_raise: ClassVar[bool] = False
+    #: Seconds after which a marker whose message never ran stops deduplicating its key.
+    lock_dedupe_ttl: ClassVar[float] = DEFAULT_DEDUPE_TTL
 
     _zklock_spec: ClassVar[TaskLockSpec | None] = None
 
@@ -102,21 +112,29 @@ class ZkLockTask(Task):  # type: ignore[misc]
     # -- sending -------------------------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
         """Celery's ``apply_async``, plus ``zklock={...}``: validated here, in the caller, and
-        carried in the message headers."""
-        self._carry_call_options(options)
-        return super().apply_async(args, kwargs, *rest, **options)
+        carried in the message headers; with ``lock_dedupe``, sent only if no earlier message
+        of the key counts (else that message's ``AsyncResult``)."""
+        call = self._carry_call_options(options)
+        if call.dedupe is None:
+            return super().apply_async(args, kwargs, *rest, **options)
+        options.update(zip(_APPLY_ASYNC_POSITIONAL, rest, strict=False))  # by name
+        task_id = options.pop("task_id", None) or uuid()
+        send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
+        path = call_path(self.app, self._zklock_compile(), call, args or (), kwargs or {})
+        return enqueue_once(self, call, path, task_id, send)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
         """Celery's ``apply`` (run here, now), with the same ``zklock={...}`` option."""
         self._carry_call_options(options)
         return super().apply(args, kwargs, *rest, **options)
 
-    def _carry_call_options(self, options: dict[str, Any]) -> None:
+    def _carry_call_options(self, options: dict[str, Any]) -> LockOptions:
         overrides = options.pop(CALL_OPTION, None)
         if overrides is None:
-            return
-        with_call_overrides(self._zklock_compile().options, self.name, overrides)
+            return self._zklock_compile().options
+        call = with_call_overrides(self._zklock_compile().options, self.name, overrides)
         options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
+        return call
 
     def signature_from_request(
         self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any

@@ -214,3 +214,13 @@ def _record_lost(task_id: Any = None, path: str = "", token: int = 0, **_: Any) 
 
 
 signals.lock_lost.connect(_record_lost, weak=False)
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="dedupe", lock_key=["key"], lock_on_busy="skip",
+    lock_dedupe="queued", lock_dedupe_ttl=float(os.environ.get("TASKAPP_DEDUPE_TTL", "3600")),
+)  # fmt: skip
+def deduped(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """Deduplicated at send time (``queued``; per call ``zklock={"dedupe": "running"}``); see
+    :func:`_held_until_released`."""
+    return _held_until_released(self, key, seconds)
+
