@@ -10,7 +10,7 @@ from celery_zklock.errors import (
 )
 from celery_zklock.fence import RedisFence
 from celery_zklock.keys import LockKeyError
-from celery_zklock.locks import Lease, Mutex, ReadWriteLock
+from celery_zklock.locks import Lease, Mutex, ReadWriteLock, Semaphore
 from celery_zklock.policy import is_skipped
 from celery_zklock.task import ZkLockTask
 
@@ -24,6 +24,7 @@ __all__ = [
     "Mutex",
     "ReadWriteLock",
     "RedisFence",
+    "Semaphore",
     "ZkLockError",
     "ZkLockTask",
     "ZooKeeperUnavailable",

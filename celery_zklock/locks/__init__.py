@@ -3,5 +3,6 @@
 from celery_zklock.locks.lease import Lease
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.rwlock import ReadWriteLock
+from celery_zklock.locks.semaphore import Semaphore
 
-__all__ = ["Lease", "Mutex", "ReadWriteLock"]
+__all__ = ["Lease", "Mutex", "ReadWriteLock", "Semaphore"]

@@ -5,13 +5,19 @@ Everything here is pure (no ZooKeeper I/O), so the decision can be tested exhaus
 A lock is a parent znode whose children are ephemeral sequential *contender* nodes. The
 names follow Apache Curator so Java services and Python workers can share a lock:
 
-- ``_c_<uuid>-lock-<seq>``      Curator ``InterProcessMutex`` and our :class:`Mutex`
+- ``_c_<uuid>-lock-<seq>``      Curator ``InterProcessMutex`` and our :class:`Mutex`; also
+  Curator's ``InterProcessSemaphore`` (v1) and our :class:`Semaphore`, whose nodes are named
+  like a mutex's: a semaphore is told apart by its limit, not by its nodes
 - ``_c_<uuid>-__WRIT__<seq>``   Curator ``InterProcessReadWriteLock`` write side
 - ``_c_<uuid>-__READ__<seq>``   Curator ``InterProcessReadWriteLock`` read side
 
 Contenders written by kazoo's recipes (``<hex>__lock__<seq>``, ``<hex>__rlock__<seq>``) on the
 same path are recognised and respected too. Contenders are ordered by the integer sequence
 ZooKeeper appended, never by the whole name.
+
+A semaphore's limit ``N`` is stored in the data of the lock's parent node (``max_leases=N``,
+:func:`limit_data`), so that contenders disagreeing on ``N`` are caught
+(:func:`limit_agreement`) instead of each counting to its own ``N``.
 """
 
 from __future__ import annotations
@@ -19,9 +25,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
-Kind = Literal["read", "write"]
+from celery_zklock.errors import ConfigurationError
+
+Kind = Literal["read", "write", "lease"]
+"""The access a contender asks for: ``write`` excludes everyone, ``read`` excludes writers only,
+``lease`` is one of a semaphore's ``N`` leases. Parsed nodes are ``read`` or ``write`` only (a
+semaphore's nodes are named like a mutex's); ``lease`` is what a :class:`LockKind` asks for."""
 
 #: Marker written before the sequence number, and whether it excludes everyone ("write").
 MUTEX_MARKER = "lock-"
@@ -48,11 +59,19 @@ PROTECTED_PREFIX = "_c_"
 @dataclass(frozen=True)
 class LockKind:
     """What one lock kind writes and asks for: the node-name ``marker`` before the sequence
-    number, and the access ``kind`` that selects the predicate ("write" excludes everyone,
-    "read" excludes writers only)."""
+    number, the access ``kind`` that selects the predicate ("write" excludes everyone, "read"
+    excludes writers only, "lease" admits the first ``limit`` contenders), and ``limit``: ``N``
+    for "lease" (a whole number >= 1), None for the others. Raises ValueError otherwise."""
 
     marker: str
     kind: Kind
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "lease":
+            check_limit(self.limit)
+        elif self.limit is not None:
+            raise ValueError(f"only a 'lease' lock kind has a limit, not {self.kind!r}")
 
 
 #: Curator ``InterProcessMutex`` / our :class:`~celery_zklock.Mutex`.
@@ -61,6 +80,19 @@ MUTEX = LockKind(MUTEX_MARKER, "write")
 READ = LockKind(READ_MARKER, "read")
 #: Curator ``InterProcessReadWriteLock``, write side.
 WRITE = LockKind(WRITE_MARKER, "write")
+
+
+def check_limit(limit: object) -> int:
+    """Return ``limit`` if it is a whole number >= 1 (not a bool), else raise ValueError."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"a semaphore's max_leases must be a whole number >= 1, got {limit!r}")
+    return limit
+
+
+def lease_kind(limit: int) -> LockKind:
+    """Curator ``InterProcessSemaphore`` (v1) / our :class:`~celery_zklock.Semaphore` with
+    ``limit`` leases: nodes ``_c_<uuid>-lock-<seq>``, the "lease" predicate."""
+    return LockKind(MUTEX_MARKER, "lease", limit)
 
 
 def protected_prefix(uuid: str) -> str:
@@ -125,15 +157,99 @@ def shared_decision(queue: Sequence[Contender], ours: int) -> Decision:
     return Decision(True)
 
 
-def decide(queue: Sequence[Contender], our_name: str, kind: Kind) -> Decision:
-    """Decide for our node ``our_name`` in ``queue`` (as returned by :func:`queue_of`).
+def lease_decision(queue: Sequence[Contender], ours: int, limit: int) -> Decision:
+    """Semaphore predicate (Curator ``InterProcessSemaphore`` v1): the first ``limit`` contenders
+    hold, whatever their kind; a later one watches the node ``limit`` places ahead of it, which
+    no other contender watches (herd-free).
+
+    The price of one watch: a waiter is woken when *that* node goes, not when any holder does. A
+    lease released out of queue order leaves its slot unused (and a waiter that may now hold
+    asleep) until a node it watches goes; the bound of ``limit`` holders is never exceeded.
+    """
+    if ours < limit:
+        return Decision(True)
+    return Decision(False, queue[ours - limit].name)
+
+
+def decide(
+    queue: Sequence[Contender], our_name: str, kind: Kind, limit: int | None = None
+) -> Decision:
+    """Decide for our node ``our_name`` in ``queue`` (as returned by :func:`queue_of`), asking
+    for ``kind`` access; ``limit`` is the semaphore's ``N``, required for "lease" only.
 
     Raises:
         LookupError: our node is not in the queue (it was deleted, e.g. its session expired).
+        ValueError: "lease" without a valid ``limit``, or a ``limit`` with another kind.
     """
+    LockKind(MUTEX_MARKER, kind, limit)  # validates the pair
     for index, contender in enumerate(queue):
         if contender.name == our_name:
+            if kind == "lease":
+                assert limit is not None
+                return lease_decision(queue, index, limit)
             if kind == "write":
                 return exclusive_decision(queue, index)
             return shared_decision(queue, index)
     raise LookupError(f"our contender node {our_name!r} is not among the children")
+
+
+def first_blocker(queue: Sequence[Contender], kind: LockKind) -> Contender | None:
+    """The contender a new acquire of ``kind`` (queued after all of ``queue``) would wait for
+    first, or None if it would be granted at once."""
+    if kind.kind == "lease":
+        assert kind.limit is not None
+        return queue[len(queue) - kind.limit] if len(queue) >= kind.limit else None
+    return next((c for c in queue if kind.kind == "write" or c.kind == "write"), None)
+
+
+# -- a semaphore's limit, in the data of the lock's parent --------------------------------------
+
+LIMIT_FIELD: Final = b"max_leases="
+
+
+class LimitMismatch(ConfigurationError):
+    """Contenders of one semaphore disagree on its limit: ``ours`` against the ``stored`` one
+    (from the parent's data; None when that data is not a limit at all)."""
+
+    def __init__(self, path: str, ours: int, stored: int | None, data: bytes) -> None:
+        self.path, self.ours, self.stored = path, ours, stored
+        if stored is None:
+            found = f"data {data[:80]!r} that is not a semaphore limit"
+        else:
+            found = f"max_leases={stored}, as its other contenders use it"
+        super().__init__(
+            f"semaphore {path}: this contender has max_leases={ours}, but the lock's node holds "
+            f"{found}; every contender of one semaphore must use the same max_leases (change "
+            "it on all of them together, or use another path)"
+        )
+
+
+def limit_data(limit: int) -> bytes:
+    """What a semaphore with ``limit`` leases stores in its parent's data: ``max_leases=N``."""
+    return LIMIT_FIELD + str(check_limit(limit)).encode()
+
+
+def parse_limit(data: bytes | None) -> int | None:
+    """The limit stored in a lock parent's ``data``; None if it holds no limit (or no data)."""
+    if not data or not data.startswith(LIMIT_FIELD):
+        return None
+    digits = data[len(LIMIT_FIELD) :]
+    if not digits.isdigit() or digits.startswith(b"0"):
+        return None
+    return int(digits)
+
+
+def limit_agreement(path: str, data: bytes | None, limit: int) -> Literal["agreed", "claim"]:
+    """What a semaphore contender with ``limit`` does about its parent's ``data``: "agreed" if
+    it stores the same limit, "claim" if it has no data yet (store ours, with a versioned write
+    so that only one first contender's limit is stored).
+
+    Raises:
+        LimitMismatch: the data stores another limit, or is not a limit.
+    """
+    if not data:
+        return "claim"
+    stored = parse_limit(data)
+    if stored != limit:
+        raise LimitMismatch(path, limit, stored, data)
+    return "agreed"

@@ -52,7 +52,8 @@ class Mutex:
 
     @property
     def kind(self) -> Kind:
-        """``"write"`` (excludes everyone) or ``"read"`` (excludes writers only)."""
+        """``"write"`` (excludes everyone), ``"read"`` (excludes writers only) or ``"lease"``
+        (one of a :class:`~celery_zklock.Semaphore`'s leases)."""
         return self._queue.lock_kind.kind
 
     @property
@@ -153,6 +154,11 @@ class Mutex:
                 raise ZkLockError(
                     f"this thread holds a read lock on {self.path} and asked for the write lock: "
                     "upgrading would deadlock; release the read lock first"
+                )
+            if (hold.kind == "lease") != (self.kind == "lease"):
+                raise ZkLockError(
+                    f"this thread holds a {hold.kind} lock on {self.path} and asked for a "
+                    f"{self.kind} lock on the same path: a semaphore's path is not a mutex's"
                 )
             hold.count += 1
             return hold

@@ -16,6 +16,11 @@ One acquire, step by step:
 3. If the outcome of a create is unknown (the connection dropped before its answer), the node is
    looked for by the uuid in its name, after a ``sync`` (a lagging follower may not show it yet),
    before anything is created again; every child with our uuid is ours, and twins are deleted.
+4. A semaphore (a kind with a limit) also reads the parent's data in the same round trip as its
+   create, and before deciding makes sure the parent stores its limit: it writes it if the data is
+   empty (a versioned write: of two first contenders one limit wins), and raises
+   :class:`~celery_zklock.locks.contenders.LimitMismatch` if another is stored. The parent cannot
+   be reaped and remade in between: our node is its child.
 
 Two deadlines bound an acquire: ``wait`` bounds the wait for other holders (``LockTimeout``), and
 ``io`` (never earlier) bounds each request's answer (``ZooKeeperUnavailable``), so that even
@@ -36,17 +41,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     SessionExpiredError,
 )
 from kazoo.protocol.states import KazooState
 
-from celery_zklock.errors import LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
-from celery_zklock.locks.contenders import LockKind, decide, parse_child, queue_of
+from celery_zklock.locks.contenders import (
+    LockKind,
+    decide,
+    first_blocker,
+    limit_agreement,
+    limit_data,
+    parse_child,
+    queue_of,
+)
 from celery_zklock.locks.context import ClientContext, Deadline, wait_result, wait_slice
 
 
@@ -117,9 +132,12 @@ class ContenderQueue:
             # child ever (sequence 0), which holds whatever else comes: list the children in
             # the same round trip only under a parent we have seen before.
             listing = client.get_children_async(self.path) if parent_known else None
+            limit_read = client.get_async(self.path) if self.lock_kind.limit else None
             what = f"creating a contender under {self.path}"
             try:
                 path, stat = wait_result(created, io, what)
+                if limit_read is not None:
+                    self._agree_on_limit(prefix, wait_result(limit_read, io, what), io)
                 if listing is not None:
                     children = wait_result(listing, io, what)
                 elif _first_child_ever(path):
@@ -134,6 +152,8 @@ class ContenderQueue:
                 found = self._find_ours(prefix, io)
                 if found is None:
                     continue
+                if self.lock_kind.limit:
+                    self._agree_on_limit(prefix, None, io)
                 return found
             except ConnectionClosedError:
                 raise
@@ -151,6 +171,48 @@ class ContenderQueue:
                 raise SessionGone()
             context.remember_parent(self.path, True)
             return Created(path.rsplit("/", 1)[1], stat.czxid, session_id, epoch, children)
+
+    def _agree_on_limit(self, prefix: str, read: tuple[bytes, Any] | None, io: Deadline) -> None:
+        """Make sure the parent stores our limit (see step 4); ``read`` is a (data, stat) of the
+        parent taken after our create (whose name starts with ``prefix``), or None to read it.
+
+        Raises LimitMismatch (another limit is stored), SessionGone (our node is gone),
+        ZooKeeperUnavailable past ``io``.
+        """
+        limit = self.lock_kind.limit
+        assert limit is not None
+        what = f"agreeing on the limit of {self.path}"
+        while True:
+            try:
+                if read is None:
+                    read = wait_result(self.client.get_async(self.path), io, what)
+                data, stat = read
+                if limit_agreement(self.path, data, limit) == "agreed":
+                    return
+                wait_result(
+                    self.client.set_async(self.path, limit_data(limit), version=stat.version),
+                    io,
+                    what,
+                )
+                return
+            except BadVersionError:
+                pass  # another contender wrote first: read what it stored
+            except ConnectionLoss:
+                # Our write may have gone through: read again, it then shows our own limit.
+                self.context.await_connected(io, what)
+            except NoAuthError:
+                raise ConfigurationError(
+                    f"semaphore {self.path}: the lock's node has no data yet and this client may "
+                    "not write it (NoAuth): semaphore contenders store their max_leases there, "
+                    "so their ACL must give them WRITE on the lock's node"
+                ) from None
+            except ConnectionClosedError:
+                raise
+            except (NoNodeError, SessionExpiredError):
+                # The parent went, so our node went before it (or the session did): start over.
+                self.context.purge_later(self.path, prefix)
+                raise SessionGone() from None
+            read = None
 
     def _same_session(self, session_id: int, epoch: int, io: Deadline) -> bool:
         """True if the client's session is still ``session_id`` (waiting out a reconnect)."""
@@ -225,7 +287,8 @@ class ContenderQueue:
         children = created.children
         while True:
             try:
-                decision = decide(queue_of(children), created.name, self.lock_kind.kind)
+                kind = self.lock_kind
+                decision = decide(queue_of(children), created.name, kind.kind, kind.limit)
             except LookupError:
                 raise SessionGone() from None
             if decision.holds:
@@ -366,11 +429,11 @@ class ContenderQueue:
         io = Deadline(timeout)
         try:
             queue = queue_of(wait_result(self.client.get_children_async(self.path), io, "listing"))
-            blockers = [c for c in queue if self.lock_kind.kind == "write" or c.kind == "write"]
-            if not blockers:
+            blocker = first_blocker(queue, self.lock_kind)
+            if blocker is None:
                 return None
             data, _ = wait_result(
-                self.client.get_async(f"{self.path}/{blockers[0].name}"), io, "reading"
+                self.client.get_async(f"{self.path}/{blocker.name}"), io, "reading"
             )
             return bytes(data)
         except NoNodeError:

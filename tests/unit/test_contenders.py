@@ -6,10 +6,20 @@ import itertools
 
 import pytest
 
+from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import (
+    READ,
+    WRITE,
     Contender,
+    LimitMismatch,
+    LockKind,
     decide,
+    first_blocker,
+    lease_kind,
+    limit_agreement,
+    limit_data,
     parse_child,
+    parse_limit,
     protected_prefix,
     queue_of,
 )
@@ -99,3 +109,184 @@ def test_at_most_one_writer_or_only_readers_hold_at_once() -> None:
 def test_missing_own_node_is_reported() -> None:
     with pytest.raises(LookupError, match="not among the children"):
         decide(queue_of([f"_c_{UUID}-lock-0000000001"]), "gone-lock-0000000000", "write")
+
+
+# -- the semaphore ("lease") predicate ------------------------------------------------------------
+
+
+def _lease_reference(ours: int, limit: int) -> tuple[bool, int | None]:
+    """Model: fewer than ``limit`` contenders ahead holds; else watch the limit-th nearest one."""
+    ahead = list(range(ours))
+    if len(ahead) < limit:
+        return True, None
+    return False, ahead[-limit]
+
+
+def _mixed_names(kinds: tuple[str, ...]) -> list[str]:
+    marker = {"mutex": "lock-", "read": "__READ__", "write": "__WRIT__", "kazoo": "__lock__"}
+    return [f"_c_{UUID}-{marker[k]}{seq:010d}" for seq, k in enumerate(kinds)]
+
+
+@pytest.mark.parametrize("size", range(1, 7))
+def test_lease_decision_matches_reference_for_every_queue_and_limit(size: int) -> None:
+    """Every queue of every contender kind, every limit up to past its size, every position."""
+    for kinds in itertools.product(("mutex", "read", "write", "kazoo"), repeat=size):
+        names = _mixed_names(kinds)
+        queue = queue_of(reversed(names))
+        for limit in range(1, size + 2):
+            for ours in range(size):
+                decision = decide(queue, names[ours], "lease", limit)
+                holds, watch = _lease_reference(ours, limit)
+                assert decision.holds is holds, (kinds, limit, ours)
+                assert decision.watch == (None if watch is None else names[watch])
+
+
+@pytest.mark.parametrize("size", range(0, 10))
+def test_lease_holders_are_the_first_n_and_waiters_watch_distinct_nodes_ahead(size: int) -> None:
+    names = [f"_c_{UUID}-lock-{seq:010d}" for seq in range(size)]
+    queue = queue_of(names)
+    for limit in range(1, size + 2):
+        decisions = [decide(queue, name, "lease", limit) for name in names]
+        holders = [name for name, d in zip(names, decisions, strict=True) if d.holds]
+        assert holders == names[:limit]  # never more than limit, and in queue order
+        watched = [d.watch for d in decisions if not d.holds]
+        assert len(watched) == len(set(watched)) == max(0, size - limit)  # one watcher each
+        for name, d in zip(names, decisions, strict=True):
+            if d.watch is not None:
+                assert names.index(d.watch) == names.index(name) - limit  # N places ahead
+
+
+@pytest.mark.parametrize("size", range(1, 8))
+def test_lease_with_limit_one_is_the_exclusive_predicate(size: int) -> None:
+    names = [f"_c_{UUID}-lock-{seq:010d}" for seq in range(size)]
+    queue = queue_of(names)
+    for name in names:
+        assert decide(queue, name, "lease", 1) == decide(queue, name, "write")
+
+
+def _release_every_order(size: int, limit: int) -> dict[str, int]:
+    """The protocol as queue.py runs it, over every order in which holders release: a waiter
+    acts only when the node it watches goes. Checks the invariants on every state reached."""
+    names = [f"_c_{UUID}-lock-{seq:010d}" for seq in range(size)]
+    seen = {"states": 0, "idle": 0, "max_watchers": 0}
+
+    def look(alive: list[str], name: str) -> str | None:
+        decision = decide(queue_of(alive), name, "lease", limit)
+        return None if decision.holds else decision.watch
+
+    def visit(alive: list[str], holders: frozenset[str], watching: dict[str, str]) -> None:
+        seen["states"] += 1
+        assert len(holders) <= limit  # safety: never more than N know they hold
+        assert all(decide(queue_of(alive), h, "lease", limit).holds for h in holders)
+        assert holders or not alive  # liveness: someone holds while anyone waits
+        if len(holders) < min(limit, len(alive)):
+            seen["idle"] += 1
+        targets = list(watching.values())
+        if targets:
+            seen["max_watchers"] = max(seen["max_watchers"], max(map(targets.count, targets)))
+        for gone in sorted(holders):
+            rest = [n for n in alive if n != gone]
+            now_holding, now_watching = set(holders - {gone}), dict(watching)
+            for waiter in [w for w, t in watching.items() if t == gone]:
+                target = look(rest, waiter)
+                if target is None:
+                    del now_watching[waiter]
+                    now_holding.add(waiter)
+                else:
+                    now_watching[waiter] = target
+            visit(rest, frozenset(now_holding), now_watching)
+
+    first = {name: look(names, name) for name in names}
+    holding = frozenset(n for n, t in first.items() if t is None)
+    visit(names, holding, {n: t for n, t in first.items() if t is not None})
+    return seen
+
+
+@pytest.mark.parametrize("size", range(1, 7))
+def test_lease_protocol_is_safe_and_live_for_every_release_order(size: int) -> None:
+    for limit in range(1, size + 1):
+        seen = _release_every_order(size, limit)
+        assert seen["states"] > size
+        # herd-bounded: a node is watched by at most limit waiters (1 while releases follow
+        # the queue order, see the next test)
+        assert seen["max_watchers"] <= limit
+
+
+def test_lease_out_of_order_release_leaves_a_slot_idle_until_the_watched_lease_goes() -> None:
+    """The documented price of one watch per waiter (Curator v1 has it too): N=2, a and b hold,
+    c watches a, d watches b. b goes first: d wakes, is third, and now watches a as c does; c
+    may hold but sleeps until a goes. Exhaustively over every order, some states are idle for
+    N >= 2 and none for N = 1."""
+    a, b, c, d = (f"_c_{UUID}-lock-{seq:010d}" for seq in range(4))
+    assert decide(queue_of([a, b, c, d]), c, "lease", 2).watch == a
+    assert decide(queue_of([a, b, c, d]), d, "lease", 2).watch == b
+    after = queue_of([a, c, d])
+    assert decide(after, c, "lease", 2).holds  # entitled, but only d was woken
+    assert decide(after, d, "lease", 2).watch == a
+    assert _release_every_order(4, 2)["idle"] > 0
+    assert _release_every_order(4, 1)["idle"] == 0
+
+
+@pytest.mark.parametrize("limit", [None, 0, -1, True, 1.0, "3"])
+def test_lease_needs_a_whole_limit_and_other_kinds_none(limit: object) -> None:
+    queue = queue_of([f"_c_{UUID}-lock-0000000001"])
+    with pytest.raises(ValueError, match="max_leases must be a whole number >= 1"):
+        decide(queue, queue[0].name, "lease", limit)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_leases must be a whole number >= 1"):
+        lease_kind(limit)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="only a 'lease' lock kind has a limit"):
+        decide(queue, queue[0].name, "write", 2)
+    with pytest.raises(ValueError, match="only a 'lease' lock kind has a limit"):
+        LockKind("lock-", "read", 1)
+
+
+def test_lease_kind_writes_curator_semaphore_v1_nodes() -> None:
+    kind = lease_kind(3)
+    assert (kind.marker, kind.kind, kind.limit) == ("lock-", "lease", 3)
+    name = f"{protected_prefix(UUID)}{kind.marker}0000000005"
+    assert parse_child(name) == Contender(5, name, "write")  # a mutex's name: N tells them apart
+
+
+@pytest.mark.parametrize("size", range(0, 8))
+def test_first_blocker_is_the_node_a_new_acquire_would_watch(size: int) -> None:
+    for kinds in itertools.product(("read", "write"), repeat=size):
+        names = _mixed_names(kinds)
+        queue = queue_of(names)
+        for kind in [READ, WRITE, *(lease_kind(n) for n in range(1, size + 2))]:
+            marker = {"read": "__READ__", "write": "__WRIT__", "lease": "lock-"}[kind.kind]
+            newcomer = f"_c_{UUID}-{marker}{size:010d}"
+            decision = decide(queue_of([*names, newcomer]), newcomer, kind.kind, kind.limit)
+            blocker = first_blocker(queue, kind)
+            if decision.holds:
+                assert blocker is None, (kinds, kind)
+            elif kind.kind == "lease":
+                assert blocker is not None and blocker.name == decision.watch
+            else:  # the first node in its way (the holder), not the one it watches
+                assert blocker is not None and blocker.name == next(
+                    c.name for c in queue if kind.kind == "write" or c.kind == "write"
+                )
+
+
+def test_limit_data_round_trip_and_junk() -> None:
+    for limit in (1, 2, 3, 10, 2**31 - 1):
+        assert limit_data(limit) == f"max_leases={limit}".encode()
+        assert parse_limit(limit_data(limit)) == limit
+    for junk in (None, b"", b"max_leases=", b"max_leases=0", b"max_leases=03", b"max_leases=-1",
+                 b"max_leases=2 ", b"10.0.0.1", b"{}"):  # fmt: skip
+        assert parse_limit(junk) is None, junk
+
+
+def test_limit_agreement_claims_empty_agrees_on_equal_names_both_on_mismatch() -> None:
+    path = "/app/locks/exports"
+    assert limit_agreement(path, b"", 3) == "claim"
+    assert limit_agreement(path, None, 3) == "claim"
+    assert limit_agreement(path, b"max_leases=3", 3) == "agreed"
+    with pytest.raises(LimitMismatch) as caught:
+        limit_agreement(path, b"max_leases=5", 3)
+    assert (caught.value.path, caught.value.ours, caught.value.stored) == (path, 3, 5)
+    message = str(caught.value)
+    assert "max_leases=3" in message and "max_leases=5" in message and path in message
+    assert isinstance(caught.value, ConfigurationError)
+    with pytest.raises(LimitMismatch, match="not a semaphore limit") as junk:
+        limit_agreement(path, b"10.0.0.1", 3)
+    assert junk.value.stored is None
