@@ -1,0 +1,310 @@
+"""The pure parts of celery_zklock.metrics: outcome and lost-reason mapping, the settings, and
+the signal-to-metric bookkeeping in a registry of the test's own (no server, no worker); the
+real workers are in tests/task/test_metrics.py."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import celery_zklock
+from celery_zklock import ConfigurationError, metrics, signals
+from celery_zklock.metrics import (
+    BUCKETS,
+    INSTALL_HINT,
+    LOST_REASONS,
+    OUTCOMES,
+    Recorder,
+    busy_outcome,
+    lost_reason,
+    metrics_addr,
+    metrics_port,
+)
+from celery_zklock.policy import TABLE
+
+LOCKS = Path(celery_zklock.__file__).parent / "locks"
+
+
+# -- outcomes --------------------------------------------------------------------------------
+def test_every_busy_policy_maps_to_an_outcome_or_waits() -> None:
+    busy_policies = {policy for situation, policy in TABLE if situation == "busy"}
+    assert busy_policies == {"skip", "wait", "retry", "raise"}
+    mapped = {policy: busy_outcome(policy) for policy in busy_policies}
+    assert mapped == {"skip": "skipped", "retry": "retried", "raise": "busy_raised", "wait": None}
+    assert {o for o in mapped.values() if o is not None} < set(OUTCOMES)
+    assert busy_outcome("no-such-policy") is None
+
+
+# -- lost reasons ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("the ZooKeeper session expired", "session_expired"),
+        ("the ZooKeeper session expired before release", "session_expired"),
+        ("the ZooKeeper session changed", "session_expired"),
+        (
+            "the ZooKeeper session that created the lock node ended before release",
+            "session_expired",
+        ),
+        (
+            "no answer from the ZooKeeper leader in time (session timeout 4s): the session may "
+            "expire and another client be granted the lock",
+            "lease_clock",
+        ),
+        (
+            "the lease clock ran out before release (no answer from the ZooKeeper leader in "
+            "time, or the process was paused): another holder may have run meanwhile",
+            "lease_clock",
+        ),
+        ("the lock node was deleted by someone else while it was held", "node_deleted"),
+        ("a cosmic ray", "other"),
+        ("", "other"),
+        (None, "other"),
+    ],
+)
+def test_lost_reason(reason: Any, kind: str) -> None:
+    assert lost_reason(reason) == kind
+    assert kind in LOST_REASONS
+
+
+def _reasons_given_by_the_lease_code() -> list[str]:
+    """Every reason text celery_zklock/locks passes to ``mark_lost`` / ``declare_lost``: string
+    literals, f-strings (placeholders as ``X``), and what a same-module method called as the
+    argument returns (``self._expired_reason()``)."""
+
+    def text(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(text(part) or "X" for part in node.values)
+        return None
+
+    found: list[str] = []
+    for source in sorted(LOCKS.glob("*.py")):
+        tree = ast.parse(source.read_text())
+        returns = {
+            fn.name: [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value]
+            for fn in ast.walk(tree)
+            if isinstance(fn, ast.FunctionDef)
+        }
+        for call in ast.walk(tree):
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr in ("mark_lost", "declare_lost")
+                and call.args
+            ):
+                continue
+            arg = call.args[0]
+            if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
+                values = returns.get(arg.func.attr, [])
+                assert values, f"{source.name}: cannot read the reason {ast.unparse(arg)}"
+                found += [t for t in map(text, values) if t is not None]
+            elif (reason := text(arg)) is not None:
+                found.append(reason)
+            else:
+                assert isinstance(arg, ast.Name), f"{source.name}: reason {ast.unparse(arg)}"
+    return found
+
+
+def test_every_reason_the_lease_code_gives_has_a_kind() -> None:
+    """A new reason in celery_zklock/locks must get a kind here, not land in ``other``."""
+    reasons = _reasons_given_by_the_lease_code()
+    assert len(reasons) >= 7, reasons  # the scan found the known ones
+    unmapped = [r for r in reasons if lost_reason(r) == "other"]
+    assert unmapped == []
+    assert {lost_reason(r) for r in reasons} == {"session_expired", "lease_clock", "node_deleted"}
+
+
+# -- settings --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "port"), [(None, None), ("", None), ("  ", None), ("9808", 9808), (9808, 9808)]
+)
+def test_metrics_port(value: Any, port: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZKLOCK_METRICS_PORT", raising=False)
+    assert metrics_port({"zklock_metrics_port": value}) == port
+
+
+@pytest.mark.parametrize("value", ["0", "65536", "-1", "http", "9808.5", True])
+def test_a_bad_port_is_refused_naming_the_setting(value: Any) -> None:
+    with pytest.raises(ConfigurationError, match="zklock_metrics_port must be a port number"):
+        metrics_port({"zklock_metrics_port": value})
+
+
+def test_settings_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZKLOCK_METRICS_PORT", "9100")
+    monkeypatch.setenv("ZKLOCK_METRICS_ADDR", "127.0.0.1")
+    assert metrics_port({}) == 9100 and metrics_addr({}) == "127.0.0.1"
+    assert metrics_port({"zklock_metrics_port": 9200}) == 9200  # the app's setting wins
+    monkeypatch.delenv("ZKLOCK_METRICS_ADDR")
+    assert metrics_addr({}) == "0.0.0.0"
+
+
+def test_the_buckets_span_1_ms_to_10_min() -> None:
+    assert BUCKETS[0] == 0.001 and BUCKETS[-1] == 600.0
+    assert list(BUCKETS) == sorted(set(BUCKETS))
+
+
+def test_only_the_prefork_pool_forks() -> None:
+    from celery.concurrency.prefork import TaskPool
+    from celery.concurrency.thread import TaskPool as ThreadPool
+
+    assert metrics._forks("prefork") and metrics._forks(TaskPool)
+    assert not any(metrics._forks(p) for p in ("threads", "solo", ThreadPool, None))
+
+
+# -- signals to metrics ----------------------------------------------------------------------
+class _Task:
+    name = "tests.t"
+
+
+TASK = _Task()
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[CollectorRegistry]:
+    """The library's signal receivers recording into a registry of this test's own."""
+    registry = CollectorRegistry()
+    monkeypatch.setattr(metrics, "_recorder", Recorder(registry))
+    yield registry
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, {"task": "tests.t", **labels}) or 0.0
+
+
+def grant(task_id: str, token: int, waited: float = 0.002) -> None:
+    signals.lock_acquired.send(
+        sender=TASK, task_id=task_id, path="/p", token=token, mode="exclusive", waited=waited
+    )
+
+
+def release(task_id: str, token: int, held: float = 0.3, lost: bool = False) -> None:
+    signals.lock_released.send(
+        sender=TASK, task_id=task_id, path="/p", token=token, held=held, lost=lost
+    )
+
+
+def lose(task_id: str, token: int, reason: str) -> None:
+    signals.lock_lost.send(sender=TASK, task_id=task_id, path="/p", token=token, reason=reason)
+
+
+def test_signals_become_metrics(registry: CollectorRegistry) -> None:
+    grant("a", 1, waited=0.002)
+    grant("b", 2, waited=3.0)
+    assert sample(registry, "zklock_leases_held") == 2
+    for policy in ("skip", "skip", "wait", "retry", "raise"):
+        signals.lock_busy.send(sender=TASK, task_id="c", path="/p", policy=policy, holder="a")
+    release("a", 1, held=0.3)
+    release("b", 2, held=0.01)
+    counts = {o: sample(registry, "zklock_acquisitions_total", outcome=o) for o in OUTCOMES}
+    assert counts == {"granted": 2, "skipped": 2, "retried": 1, "busy_raised": 1, "timed_out": 0}
+    assert sample(registry, "zklock_wait_seconds_count") == 2
+    assert sample(registry, "zklock_wait_seconds_bucket", le="0.0025") == 1
+    assert sample(registry, "zklock_wait_seconds_sum") == pytest.approx(3.002)
+    assert sample(registry, "zklock_hold_seconds_count") == 2
+    assert sample(registry, "zklock_hold_seconds_bucket", le="0.01") == 1
+    assert sample(registry, "zklock_leases_held") == 0
+    assert sample(registry, "zklock_lost_total", reason="other") == 0
+
+
+def test_a_loss_is_counted_once_whichever_signal_tells_it_first(
+    registry: CollectorRegistry,
+) -> None:
+    # told while held, then released lost: counted with its reason
+    grant("a", 1)
+    lose("a", 1, "the ZooKeeper session expired")
+    release("a", 1, lost=True)
+    # found at the release only (no lock_lost): counted, reason unknown
+    grant("b", 2)
+    release("b", 2, lost=True)
+    # told after the release (the lease clock's thread was late): not counted again
+    grant("c", 3)
+    release("c", 3, lost=True)
+    lose("c", 3, "no answer from the ZooKeeper leader in time")
+    assert sample(registry, "zklock_lost_total", reason="session_expired") == 1
+    assert sample(registry, "zklock_lost_total", reason="other") == 2
+    assert sample(registry, "zklock_lost_total", reason="lease_clock") == 0
+    assert sample(registry, "zklock_leases_held") == 0
+
+
+def test_a_timeout_signal_counts_timed_out(registry: CollectorRegistry) -> None:
+    """Receives the library's ``lock_timeout`` signal where there is one; the receiver itself
+    is checked either way."""
+    timeout_signal = getattr(signals, "lock_timeout", None)
+    if timeout_signal is not None:
+        timeout_signal.send(sender=TASK, task_id="a", path="/p", policy="skip", holder=None)
+    else:
+        metrics._on_timeout(sender=TASK, task_id="a", path="/p", policy="skip", holder=None)
+    assert sample(registry, "zklock_acquisitions_total", outcome="timed_out") == 1
+
+
+def test_receivers_do_nothing_when_metrics_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_recorder", None)
+    # Celery hands back what a receiver raised as its response.
+    responses = [
+        *signals.lock_acquired.send(sender=TASK, task_id="a", path="/p", token=1, waited=0.1),
+        *signals.lock_busy.send(sender=TASK, task_id="b", path="/p", policy="skip", holder="a"),
+        *signals.lock_lost.send(sender=TASK, task_id="a", path="/p", token=1, reason="x"),
+        *signals.lock_released.send(sender=TASK, task_id="a", path="/p", token=1, held=0.2),
+    ]
+    ours = [r for receiver, r in responses if receiver.__module__ == metrics.__name__]
+    assert ours == [None, None, None, None]
+
+
+# -- without prometheus-client ---------------------------------------------------------------
+def test_a_port_without_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    with pytest.raises(ConfigurationError, match=r"celery-zklock\[prometheus\]") as raised:
+        metrics.serve({"zklock_metrics_port": 9808}, multiprocess=False)
+    assert INSTALL_HINT in str(raised.value)
+    assert metrics._serving is None
+
+    class Sender:
+        app = type("App", (), {"conf": {"zklock_metrics_port": 9808}})()
+        pool_cls = "threads"
+
+    with pytest.raises(SystemExit, match=r"pip install celery-zklock\[prometheus\]"):
+        metrics._on_worker_init(sender=Sender())
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZKLOCK_METRICS")}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_importing_the_package_needs_no_prometheus_client() -> None:
+    done = _python(
+        "import sys; sys.modules['prometheus_client'] = None\n"
+        "import celery_zklock, celery_zklock.metrics\n"
+        "from celery_zklock import signals\n"
+        "signals.lock_acquired.send(sender=None, task_id='a', path='/p', token=1, waited=0.0)\n"
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_importing_the_package_connects_the_receivers() -> None:
+    """One setting enables the metrics: a worker imports them with celery_zklock itself."""
+    done = _python("import sys, celery_zklock; print('celery_zklock.metrics' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
+def test_the_live_gauge_files_of_gone_processes_are_found(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process now
+    for pid in (os.getpid(), gone.pid):
+        (tmp_path / f"gauge_livesum_{pid}.db").touch()
+        (tmp_path / f"counter_{pid}.db").touch()
+    assert metrics._gone_pids(str(tmp_path)) == [gone.pid]
+    assert metrics._gone_pids(str(tmp_path / "missing")) == []
