@@ -21,7 +21,7 @@ from typing import Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder, LockKeySpec, check_lock_key_spec
-from celery_zklock.validate import forbidden_in_znode, seconds
+from celery_zklock.validate import forbidden_in_znode, positive_int, seconds
 
 __all__ = [
     "CALL_OVERRIDES",
@@ -53,7 +53,7 @@ __all__ = [
     "with_call_overrides",
 ]
 
-LockMode = Literal["exclusive", "shared"]
+LockMode = Literal["exclusive", "shared", "semaphore"]
 OnBusy = Literal["skip", "wait", "retry", "raise"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
@@ -109,6 +109,7 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "name": OptionRule(False, lambda n, label, v: check_lock_name(n.context, label, v)),
         "key": OptionRule(False, lambda n, label, v: check_lock_key_spec(n.task, v)),
         "mode": OptionRule(False, _choice_of(LOCK_MODES)),
+        "limit": OptionRule(False, lambda n, label, v: _limit(n.context, label, v)),
         "on_busy": OptionRule(True, _choice_of(ON_BUSY_POLICIES)),
         "timeout": OptionRule(True, lambda n, label, v: _timeout(n.context, label, v)),
         "on_timeout": OptionRule(True, _choice_of(ON_TIMEOUT_POLICIES)),
@@ -130,8 +131,9 @@ TASK_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
 CALL_OVERRIDES: Final[frozenset[str]] = frozenset(
     field for field, rule in OPTIONS.items() if rule.per_call
 )
-"""Keys a call may pass in ``apply_async(..., zklock={...})``. The lock name, key and mode are
-not among them: they decide *which* lock a task takes, and every call of a task must agree."""
+"""Keys a call may pass in ``apply_async(..., zklock={...})``. The lock name, key, mode and limit
+are not among them: they decide *which* lock a task takes and how many may hold it, and every call
+of a task must agree (a semaphore's contenders with another limit fail with ``LimitMismatch``)."""
 
 _short_repr = reprlib.Repr()
 _short_repr.maxstring = 80
@@ -172,7 +174,13 @@ class LockOptions:
 
     mode: LockMode = DEFAULT_MODE
     """``lock_mode``: ``exclusive`` (one holder) or ``shared`` (readers together, writers alone:
-    ``shared`` tasks take the read side of a read-write lock, ``exclusive`` ones the write side)."""
+    ``shared`` tasks take the read side of a read-write lock, ``exclusive`` ones the write side),
+    or ``semaphore`` (at most ``limit`` at once, see :class:`~celery_zklock.Semaphore`)."""
+
+    limit: int | None = None
+    """``lock_limit``: with ``mode="semaphore"`` (and only there, where it is required), how many
+    runs may hold one lock key at once, a whole number ``>= 1``. Not per call: every contender of
+    a semaphore must use the same limit."""
 
     on_busy: OnBusy = DEFAULT_ON_BUSY
     """``lock_on_busy``, when the lock is held by another: ``skip`` (end SUCCESS with a skip
@@ -214,6 +222,7 @@ class LockOptions:
         for field, rule in OPTIONS.items():
             value = rule.check(naming, naming.label(field), getattr(self, field))
             object.__setattr__(self, field, value)
+        _check_limit_with_mode(naming, self.mode, self.limit)
 
 
 def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
@@ -265,7 +274,7 @@ def with_call_overrides(
 
     Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task and the key when
     ``overrides`` is not a mapping, a key is not allowed (name, key and mode cannot change per
-    call), or a value is not valid for its key.
+    call; neither can a semaphore's limit), or a value is not valid for its key.
     """
     context = f"task {task_name!r}"
     if not isinstance(overrides, Mapping):
@@ -276,8 +285,9 @@ def with_call_overrides(
     for key in overrides:
         if key not in CALL_OVERRIDES:
             fixed = ""
-            if isinstance(key, str) and key.removeprefix("lock_") in ("name", "key", "mode"):
-                fixed = " (the lock name, key and mode are fixed by the task, not per call)"
+            per_task = ("name", "key", "mode", "limit")
+            if isinstance(key, str) and key.removeprefix("lock_") in per_task:
+                fixed = " (the lock name, key, mode and limit are fixed by the task, not per call)"
             raise ConfigurationError(
                 f"{context}: zklock override key {_short_repr.repr(key)} is not allowed{fixed}"
                 f"{_did_you_mean(key, CALL_OVERRIDES)}; allowed keys: {_allowed_keys()}"
@@ -358,6 +368,26 @@ def _flag(context: str, label: str, value: object) -> bool:
 
 def _positive(context: str, label: str, value: object) -> float:
     return seconds(f"{context}: {label}", value)
+
+
+def _limit(context: str, label: str, value: object) -> int | None:
+    return None if value is None else positive_int(f"{context}: {label}", value)
+
+
+def _check_limit_with_mode(naming: Naming, mode: str, limit: int | None) -> None:
+    """The rule between two options: a limit with ``semaphore``, and with it only."""
+    mode_label, limit_label = naming.label("mode"), naming.label("limit")
+    if mode == "semaphore" and limit is None:
+        raise ConfigurationError(
+            f"{naming.context}: {mode_label}='semaphore' needs {limit_label}, the most runs at "
+            "once per lock key (a whole number >= 1)"
+        )
+    if mode != "semaphore" and limit is not None:
+        raise ConfigurationError(
+            f"{naming.context}: {limit_label}={limit} is only for {mode_label}='semaphore' "
+            f"({mode_label}={mode!r} decides how many run at once); set "
+            f"{mode_label}='semaphore' for at most {limit} at once, or drop {limit_label}"
+        )
 
 
 def _allowed_keys() -> str:

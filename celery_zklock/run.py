@@ -30,7 +30,7 @@ from celery_zklock.dedupe import release as release_marker
 from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
 from celery_zklock.interrupt import Interruption, arm
-from celery_zklock.locks import Lease, Mutex, ReadWriteLock
+from celery_zklock.locks import Lease, Mutex, ReadWriteLock, Semaphore
 from celery_zklock.options import LockOptions, TaskLockSpec
 from celery_zklock.policy import Situation, decide, skip_result
 from celery_zklock.session import get_client
@@ -92,8 +92,13 @@ class LockedRun:
                 release_marker(client, self.path, self.task_id)
 
     def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
-        rw = ReadWriteLock(client, self.path)
-        side = rw.write if self.options.mode == "exclusive" else rw.read
+        side: Mutex
+        if self.options.mode == "semaphore":
+            assert self.options.limit is not None  # LockOptions requires it with this mode
+            side = Semaphore(client, self.path, self.options.limit)
+        else:
+            rw = ReadWriteLock(client, self.path)
+            side = rw.write if self.options.mode == "exclusive" else rw.read
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
@@ -181,7 +186,7 @@ class LockedRun:
                 skipped = self._when_busy(side, queue, identity, own is not None)
                 if self.lease is None:
                     return skipped
-            elif side.kind == "read":  # granted beside other readers: is one of them ours?
+            elif side.kind != "write":  # granted beside other holders: is one of them ours?
                 ours = self.lease.node.rsplit("/", 1)[1]
                 ahead = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT, before=ours)
                 original = delivery.first_of_task(ahead, self.task_id)

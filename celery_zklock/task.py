@@ -63,8 +63,11 @@ class ZkLockTask(Task):  # type: ignore[misc]
     #: Which arguments identify the lock: None (all, bound to the signature with defaults),
     #: a list of parameter names, a format string, or a callable (see celery_zklock.keys).
     lock_key: ClassVar[Any] = None
-    #: ``exclusive`` (one holder) or ``shared`` (readers together, writers alone).
+    #: ``exclusive`` (one holder), ``shared`` (readers together, writers alone) or
+    #: ``semaphore`` (at most lock_limit at once).
     lock_mode: ClassVar[str] = DEFAULT_MODE
+    #: With ``semaphore`` (required there, refused elsewhere): the most runs at once per key.
+    lock_limit: ClassVar[int | None] = None
     #: When another holds the lock: ``skip``, ``wait`` (up to lock_timeout), ``retry``, ``raise``.
     lock_on_busy: ClassVar[str] = DEFAULT_ON_BUSY
     #: Seconds a ``wait`` may last; None waits without limit.

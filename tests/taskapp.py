@@ -215,6 +215,7 @@ def _record_lost(task_id: Any = None, path: str = "", token: int = 0, **_: Any) 
 
 signals.lock_lost.connect(_record_lost, weak=False)
 
+
 @app.task(
     bind=True, base=ZkLockTask, lock_name="dedupe", lock_key=["key"], lock_on_busy="skip",
     lock_dedupe="queued", lock_dedupe_ttl=float(os.environ.get("TASKAPP_DEDUPE_TTL", "3600")),
@@ -224,3 +225,26 @@ def deduped(self: Any, key: str, seconds: float) -> dict[str, Any]:
     :func:`_held_until_released`."""
     return _held_until_released(self, key, seconds)
 
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="limited", lock_key=["key"], lock_mode="semaphore",
+    lock_limit=2, lock_on_busy="wait",
+)  # fmt: skip
+def limited_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
+    """At most 2 at once per key: each run is a ``read`` section of ``witness-limited-<key>``
+    (the witness counts holders at once as readers) and of ``witness-all``."""
+    lease = self.lock
+    holder = f"{self.request.id}-t{lease.token}"
+    per_key, every_key = Witness(DIR / f"witness-limited-{key}"), Witness(DIR / "witness-all")
+    with per_key.section(holder, "read"), every_key.section(holder, "read"):
+        time.sleep(hold_s)
+    return {"token": lease.token, "pid": os.getpid()}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="limited_held", lock_key=["key"], lock_mode="semaphore",
+    lock_limit=2, lock_on_busy="skip",
+)  # fmt: skip
+def limited_held(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """:func:`_held_until_released` under a semaphore of 2 that skips when full."""
+    return _held_until_released(self, key, seconds)

@@ -90,7 +90,7 @@ def test_key_shapes_are_kept() -> None:
 
 
 def test_constants_match_the_literal_types() -> None:
-    assert LOCK_MODES == get_args(LockMode) == ("exclusive", "shared")
+    assert LOCK_MODES == get_args(LockMode) == ("exclusive", "shared", "semaphore")
     assert ON_BUSY_POLICIES == get_args(OnBusy) == ("skip", "wait", "retry", "raise")
     assert ON_TIMEOUT_POLICIES == get_args(OnTimeout) == ("skip", "retry", "raise")
     assert ON_LOST_POLICIES == get_args(OnLost) == ("raise", "retry")
@@ -98,7 +98,7 @@ def test_constants_match_the_literal_types() -> None:
     assert set(TASK_ATTRIBUTES.values()) == fields
     assert all(attribute == "lock_" + field for attribute, field in TASK_ATTRIBUTES.items())
     assert fields >= CALL_OVERRIDES
-    assert {"name", "key", "mode"}.isdisjoint(CALL_OVERRIDES)
+    assert {"name", "key", "mode", "limit"}.isdisjoint(CALL_OVERRIDES)
 
 
 NAME_RULES = "a lock name is one znode path segment"
