@@ -22,6 +22,7 @@ SIGNALS: Final[dict[str, Signal]] = {
     "busy": signals.lock_busy,
     "lost": signals.lock_lost,
     "released": signals.lock_released,
+    "timeout": signals.lock_timeout,
 }
 _WARNINGS: Final = frozenset({"lost", "duplicate-ignored"})
 

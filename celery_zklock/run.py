@@ -71,6 +71,7 @@ class LockedRun:
         self.lease: Lease | None = None
         self.started = time.monotonic()
         self.granted_at: float | None = None
+        self.lost_told = False
 
     def run(self, body: Callable[[], Any]) -> Any:
         """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
@@ -245,6 +246,7 @@ class LockedRun:
         def on_lost(reason: str) -> None:
             # The lease clock's thread: interrupt first, then tell (log, receivers).
             telling.set()
+            self.lost_told = True
             try:
                 if interruption is not None:
                     interruption.fire(reason)
@@ -280,6 +282,10 @@ class LockedRun:
             return
         lease.release()
         if self.granted_at is not None:  # announced: tell that it ended
+            if lease.lost and not self.lost_told:  # found at the release: tell it too, once
+                self.lost_told = True
+                emit(self.task, "lost", self.path, task_id=self.task_id, token=lease.token,
+                     reason=lease.lost_reason)  # fmt: skip
             held = time.monotonic() - self.granted_at
             emit(self.task, "released", self.path, task_id=self.task_id, token=lease.token,
                  held=held, lost=lease.lost)  # fmt: skip

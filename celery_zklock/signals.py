@@ -2,10 +2,10 @@
 
 Every signal is sent with ``sender`` = the task and keywords ``task_id``, ``path`` (the lock
 path) and what the event adds (see each). Receivers run on the task's thread, except
-``lock_lost``, which runs on the thread that detected the loss (the lease clock's), after the
-interruption of the body was fired: keep receivers short. A receiver that raises is logged by
-Celery and otherwise ignored; ``lock_acquired`` receivers run before the body, and a lease lost
-while they run is seen before the body starts.
+``lock_lost`` for a loss while the body runs, which runs on the thread that detected the loss
+(the lease clock's), after the interruption of the body was fired: keep receivers short. A
+receiver that raises is logged by Celery and otherwise ignored; ``lock_acquired`` receivers
+run before the body, and a lease lost while they run is seen before the body starts.
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from celery.utils.dispatch import Signal
 lock_acquired = Signal(name="zklock_lock_acquired")
 #: The lock was busy. Adds ``policy`` (what the task does) and ``holder`` (task id or None).
 lock_busy = Signal(name="zklock_lock_busy")
-#: The lease was lost while the task held it (sent once per lease, on the lease clock's thread,
-#: after the body's interruption was fired). Adds ``token`` and ``reason``.
+#: A ``wait`` for the lock reached ``lock_timeout`` (the lock was not granted). Adds ``policy``
+#: (``lock_on_timeout``: skip, retry or raise) and ``holder`` (task id or None).
+lock_timeout = Signal(name="zklock_lock_timeout")
+#: The lease was lost (sent once per lease): while the task held it, on the lease clock's thread
+#: after the body's interruption was fired; or found at the release, on the task's thread
+#: before ``lock_released``. Adds ``token`` and ``reason``.
 lock_lost = Signal(name="zklock_lock_lost")
-#: The lease was released. Adds ``token`` and ``held`` (seconds).
+#: The lease was released. Adds ``token``, ``held`` (seconds) and ``lost`` (True if it had been
+#: lost first).
 lock_released = Signal(name="zklock_lock_released")

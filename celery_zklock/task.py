@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from celery import Task, uuid
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
+from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
 from celery_zklock.errors import ConfigurationError
