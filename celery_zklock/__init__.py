@@ -10,13 +10,14 @@ from celery_zklock.errors import (
 )
 from celery_zklock.fence import RedisFence
 from celery_zklock.keys import LockKeyError
-from celery_zklock.locks import Lease, Mutex, ReadWriteLock, Semaphore
+from celery_zklock.locks import Lease, LimitMismatch, Mutex, ReadWriteLock, Semaphore
 from celery_zklock.policy import is_skipped
 from celery_zklock.task import ZkLockTask
 
 __all__ = [
     "ConfigurationError",
     "Lease",
+    "LimitMismatch",
     "LockBusy",
     "LockKeyError",
     "LockLost",
