@@ -248,3 +248,38 @@ def limited_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
 def limited_held(self: Any, key: str, seconds: float) -> dict[str, Any]:
     """:func:`_held_until_released` under a semaphore of 2 that skips when full."""
     return _held_until_released(self, key, seconds)
+
+
+# -- celery_zklock.beat.LeaderScheduler (tests/task/test_beat_leader.py) -------------------------
+# TASKAPP_BEAT_LEADER="fast=1,slow=10": schedule beat_mark(<entry name>) at those periods (s) on
+# TASKAPP_BEAT_QUEUE, which no worker consumes; TASKAPP_BEAT_NAME names the beat group.
+from celery.signals import after_task_publish  # noqa: E402 (additions stay at the end)
+
+if "TASKAPP_BEAT_LEADER" in os.environ:
+    _periods = (part.split("=") for part in os.environ["TASKAPP_BEAT_LEADER"].split(","))
+    app.conf.beat_schedule = {
+        name: {
+            "task": "tests.taskapp.beat_mark",
+            "schedule": float(every),
+            "args": (name,),
+            "options": {"queue": os.environ["TASKAPP_BEAT_QUEUE"]},
+        }
+        for name, every in _periods
+    }
+    app.conf.zklock_beat_name = os.environ["TASKAPP_BEAT_NAME"]
+
+
+@app.task
+def beat_mark(name: str) -> str:
+    return name
+
+
+def _record_beat_send(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
+    """Every beat_mark message a beat published (after the broker took it): which beat (pid),
+    which entry, when, and the message id."""
+    if sender == "tests.taskapp.beat_mark" and headers and headers.get("celery_beat_task"):
+        _append(DIR / "beat-sends", {"pid": os.getpid(), "entry": body[0][0],
+                                     "time": time.time(), "id": headers["id"]})  # fmt: skip
+
+
+after_task_publish.connect(_record_beat_send, weak=False)
