@@ -7,12 +7,15 @@ all on one Redis; see :mod:`benchmarks.common`):
 2. :mod:`benchmarks.contention` - 8 and 32 processes on one key, ours vs kazoo's Lock;
 3. :mod:`benchmarks.herd` - notifications per release with 100/500/1,000 waiters, ours vs naive;
 4. :mod:`benchmarks.celery_fleet` - no-op task throughput on a real worker;
-5. :mod:`benchmarks.scale` - 100,000 distinct keys, znodes left, ZooKeeper memory.
+5. :mod:`benchmarks.scale` - 100,000 distinct keys, znodes left, ZooKeeper memory;
+6. :mod:`benchmarks.enqueue` - what ``apply_async`` costs the caller with enqueue-time dedupe,
+   ours vs plain, celery-singleton and celery-once (no worker).
 
 It writes ``benchmarks/results/latest.json`` (every figure, every repetition, the machine) and
 ``benchmarks/results/latest.md`` (the tables, the targets first), and prints the Markdown. A
 section that fails is reported as failed and the others still run; the exit status is then 1.
-``--quick`` runs every section with small sizes (under two minutes) to check the suite works.
+``--quick`` runs every section with small sizes (under two minutes) to check the suite works;
+``--sections enqueue`` (any comma-separated subset) runs only those sections.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import celery_fleet, contention, herd, recipes, scale
+from benchmarks import celery_fleet, contention, enqueue, herd, recipes, scale
 from benchmarks.common import (
     MIN_REPEATS,
     ZK_SETTINGS,
@@ -44,7 +47,7 @@ from benchmarks.report import render_markdown, targets
 from celery_zklock.validate import argument, positive_int
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("recipes", "contention", "herd", "celery", "scale")
+SECTIONS = ("recipes", "contention", "herd", "celery", "scale", "enqueue")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class Sizes:
     celery_warmup: int = 100
     scale_keys: int = 100_000
     scale_processes: int = 8
+    enqueue_calls: int = 1000
+    enqueue_warmup: int = 100
 
 
 FULL = Sizes()
@@ -78,6 +83,8 @@ QUICK = Sizes(
     celery_warmup=10,
     scale_keys=1000,
     scale_processes=4,
+    enqueue_calls=50,
+    enqueue_warmup=10,
 )
 
 
@@ -85,7 +92,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Side-by-side benchmarks of celery-zklock on a local ZooKeeper and Redis "
-        "started for the run: recipes, contention, herd, Celery task throughput, scale.",
+        "started for the run: recipes, contention, herd, Celery task throughput, scale, "
+        "apply_async with enqueue-time dedupe.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="small sizes, under two minutes (a smoke run)"
@@ -170,6 +178,14 @@ def _run_sections(
         ),
         "scale": lambda zk: scale.run_section(
             zk, keys=sizes.scale_keys, processes=sizes.scale_processes, progress=progress
+        ),
+        "enqueue": lambda zk: enqueue.run_section(
+            zk,
+            redis_url,
+            calls=sizes.enqueue_calls,
+            warmup=sizes.enqueue_warmup,
+            repeats=sizes.repeats,
+            progress=progress,
         ),
     }
     for name in names:

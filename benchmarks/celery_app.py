@@ -4,7 +4,8 @@ A worker runs it as ``celery -A benchmarks.celery_app:app worker`` (launched by
 :func:`celery_zklock.testing.celery_worker.celery_command`), configured from the ``ZKLOCK_*``
 environment when first needed, as :mod:`workers.app` is. Every task does nothing with one
 argument ``key``: a plain task (the baseline), :class:`~celery_zklock.ZkLockTask` with
-``lock_on_busy`` ``skip`` and ``wait``, ``celery_singleton.Singleton`` and
+``lock_on_busy`` ``skip`` and ``wait`` and with ``lock_dedupe="queued"`` (a ZooKeeper marker
+claimed when the task is sent; section 6), ``celery_singleton.Singleton`` and
 ``celery_once.QueueOnce`` (both take a Redis lock when the task is sent). A third-party base
 that cannot be imported is left out, with the reason in :data:`UNAVAILABLE`.
 """
@@ -24,6 +25,7 @@ from workers.settings import Settings
 PLAIN: Final = "bench.plain"
 ZKLOCK_SKIP: Final = "bench.zklock_skip"
 ZKLOCK_WAIT: Final = "bench.zklock_wait"
+ZKLOCK_DEDUPE: Final = "bench.zklock_dedupe"
 SINGLETON: Final = "bench.singleton"
 ONCE: Final = "bench.once"
 #: Task name -> why it could not be registered (its package is missing or broken).
@@ -63,6 +65,7 @@ def register_tasks(app: Celery) -> None:
     }
     app.task(name=ZKLOCK_SKIP, lock_on_busy="skip", **locked)(noop_bound)
     app.task(name=ZKLOCK_WAIT, lock_on_busy="wait", lock_timeout=30.0, **locked)(noop_bound)
+    app.task(name=ZKLOCK_DEDUPE, lock_on_busy="skip", lock_dedupe="queued", **locked)(noop_bound)
     # Imported by name: both packages are optional (the bench extra) and untyped.
     try:
         singleton = import_module("celery_singleton").Singleton

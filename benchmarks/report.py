@@ -355,12 +355,72 @@ def _scale_md(section: dict[str, Any]) -> list[str]:
     ]
 
 
+def _spread_fmt(spread: dict[str, float] | None, digits: int = 3) -> str:
+    """``median (min-max)`` over repetitions."""
+    if spread is None:
+        return "-"
+    return f"{spread['median']:.{digits}f} ({spread['min']:.{digits}f}-{spread['max']:.{digits}f})"
+
+
+def _signed(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
+
+
+def _enqueue_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    rows = [
+        [
+            f"`{label}`",
+            entry["what"],
+            _spread_fmt(entry["p50_ms"]),
+            _spread_fmt(entry["p99_ms"]),
+            _spread_fmt(entry["cpu_ms"]),
+            _signed(entry["p50_ms_over_plain"]),
+            _signed(entry["cpu_ms_over_plain"]),
+            _fmt(entry["sent_per_call"]),
+            _fmt(entry["zk_requests_per_call"]),
+            _fmt(entry.get("zk_fsyncs_per_call")),
+            _fmt(entry["redis_commands_per_call"]),
+            entry["status"].replace("|", "/"),
+        ]
+        for label, entry in section["results"].items()
+    ]
+    return [
+        f"{config['caller']}; {config['calls']:,} calls per batch, {config['repeats']} "
+        "repetitions, contenders interleaved. Per call: wall time of `apply_async` (p50, p99) "
+        "and CPU time of the calling process (all its threads), as median (min-max) over "
+        "repetitions; the differences to `plain` are of the medians. Sent messages, ZooKeeper "
+        "requests and fsyncs, and Redis commands per call are counted by the servers (queue "
+        "length, `mntr` `zk_packets_received` and `zk_cnt_fsynctime`, `INFO` "
+        "`total_commands_processed`).",
+        "",
+        *_table(
+            [
+                "contender",
+                "what",
+                "p50 ms",
+                "p99 ms",
+                "CPU ms / call",
+                "p50 over plain ms",
+                "CPU over plain ms",
+                "sent / call",
+                "ZK requests / call",
+                "ZK fsyncs / call",
+                "Redis commands / call",
+                "status",
+            ],
+            rows,
+        ),
+    ]
+
+
 SECTION_TITLES = {
     "recipes": "1. Recipe level, uncontended: acquire + release",
     "contention": "2. Contention on one key",
     "herd": "3. Herd: watch notifications per release",
     "celery": "4. Celery level: no-op task throughput on a real worker",
     "scale": "5. Scale: distinct keys through the lock",
+    "enqueue": "6. Enqueue: what apply_async with dedupe costs the caller",
 }
 RENDERERS = {
     "recipes": _recipes_md,
@@ -368,6 +428,7 @@ RENDERERS = {
     "herd": _herd_md,
     "celery": _celery_md,
     "scale": _scale_md,
+    "enqueue": _enqueue_md,
 }
 
 
