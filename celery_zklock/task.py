@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from celery import Task, uuid
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
+from celery_zklock import holders
 from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
@@ -166,6 +167,16 @@ class ZkLockTask(Task):  # type: ignore[misc]
             self, self._zklock_compile(), _request_overrides(self.request), args, kwargs
         )
         return run.run(functools.partial(super().__call__, *args, **kwargs))
+
+    # -- operating -----------------------------------------------------------------------
+    def lock_path(self, *args: Any, **kwargs: Any) -> str:
+        """The lock path a call with these arguments takes (no ZooKeeper request)."""
+        return holders.lock_path(self, args, kwargs)
+
+    def lock_holder(self, *args: Any, **kwargs: Any) -> holders.Holder | None:
+        """Who holds the lock a call with these arguments takes, or None; the first holder
+        of a shared lock (all of them: :func:`celery_zklock.holders.lock_holders`)."""
+        return holders.lock_holder(self, args, kwargs)
 
 
 def _request_overrides(request: Any) -> Mapping[str, Any] | None:

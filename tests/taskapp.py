@@ -283,3 +283,30 @@ def _record_beat_send(sender: Any = None, body: Any = None, headers: Any = None,
 
 
 after_task_publish.connect(_record_beat_send, weak=False)
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="breakable", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=60,
+)  # fmt: skip
+def breakable(self: Any, key: str, role: str, seconds: float) -> dict[str, Any]:
+    """Appends ``enter`` and ``exit`` records (``exit`` also when the body is interrupted, with
+    the exception's name) to ``breaks-<key>``, in between holding the lock for ``seconds`` or
+    until the file ``release-<key>`` exists. One file for every run of a key: its line order is
+    the order the runs wrote in."""
+    lease = self.lock
+    session_id, _ = task_client(self).client_id
+    record = {"task_id": self.request.id, "role": role, "pid": os.getpid(),
+              "token": lease.token, "node": lease.node, "session_id": session_id}  # fmt: skip
+    records = DIR / f"breaks-{key}"
+    _append(records, {"event": "enter", **record, "time": time.time()})
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+            time.sleep(0.02)
+    except BaseException as exc:
+        _append(records, {"event": "exit", **record, "error": type(exc).__name__,
+                          "time": time.time()})  # fmt: skip
+        raise
+    _append(records, {"event": "exit", **record, "error": None, "time": time.time()})
+    return {"token": lease.token}

@@ -11,6 +11,10 @@ client. It keeps
   connected before celery-zklock saw its handshake is made to reconnect once);
 - reaction to kazoo's states: LOST (the session expired) ends every lease at once, a new session
   on CONNECTED ends the leases of the old one;
+- **break requests** (:mod:`celery_zklock.locks.lease`): a lease held for a renewal interval
+  ``R`` gets its node read once, with a data watch, at the renewer's next tick; a break request
+  in the data (written before or after the watch) ends that lease. A lease released within
+  ``R`` costs no request for this;
 - the bookkeeping the locks share: who holds which path in which thread (reentrancy), which lock
   parents exist, how many waiters watch a node, and orphaned contender nodes to delete.
 
@@ -31,12 +35,13 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
-from kazoo.protocol.states import KazooState
+from kazoo.exceptions import ConnectionClosedError, NoNodeError
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from celery_zklock.errors import ZooKeeperUnavailable
 from celery_zklock.locks import adapter
 from celery_zklock.locks.clock import LeaseTiming
+from celery_zklock.locks.lease import break_reason
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -69,8 +74,10 @@ def wait_slice(deadline: Deadline) -> float:
 
 
 class Timed(Protocol):
-    """A held lease as the clock sees it: its session, and how to tell it that it is lost."""
+    """A held lease as the clock sees it: its node and session, and how to tell it that it is
+    lost."""
 
+    node: str
     session_id: int
 
     def mark_lost(self, reason: str) -> None: ...
@@ -88,6 +95,12 @@ class ClientContext:
         self.watch_refs: dict[str, int] = {}
         self._known_parents: OrderedDict[str, None] = OrderedDict()
         self._timed: set[Timed] = set()
+        #: Timed leases whose node is not read for break requests yet -> when timing began.
+        self._unwatched: dict[Timed, float] = {}
+        #: Leases whose node has our break watch (counted in watch_refs until untracked).
+        self._break_watched: set[Timed] = set()
+        #: Break requests read, for the renewer to act on: lease -> lost reason.
+        self._breaks: dict[Timed, str] = {}
         self._wakeups: set[Any] = set()
         self._pending_purges: set[tuple[str, str]] = set()
         self._purging = False
@@ -224,14 +237,16 @@ class ClientContext:
     def track(self, held: Timed) -> None:
         """Time ``held``: it is declared lost when the clock runs out or its session ends."""
         renew_interval = self.timing.renew_interval
+        now = time.monotonic()
         with self.lock:
             if not self._timed:
                 # A new stretch of holding: the first renewal is due one interval from now
                 # (the grant's own create just confirmed the session).
                 self._renewing_since = None
                 self._last_renewal_sent = None
-                self._next_renewal = time.monotonic() + renew_interval
+                self._next_renewal = now + renew_interval
             self._timed.add(held)
+            self._unwatched[held] = now
             start = not self._renewer_running
             self._renewer_running = True
         current = self.session_id()
@@ -245,6 +260,12 @@ class ClientContext:
     def untrack(self, held: Timed) -> None:
         with self.lock:
             self._timed.discard(held)
+            self._unwatched.pop(held, None)
+            self._breaks.pop(held, None)
+            if held in self._break_watched:
+                # The server's watch stays: our release deletes the node, which fires it.
+                self._break_watched.discard(held)
+                self._unref_watch(held.node)
 
     def expire_if_due(self) -> None:
         """Declare the leases lost now if the clock ran out (for readers that do not wait for
@@ -267,6 +288,7 @@ class ClientContext:
         idle_since: float | None = None
         while True:
             client = client_ref()
+            self._apply_breaks()
             now = time.monotonic()
             timing = self.timing if client is not None else None
             with self.lock:
@@ -293,6 +315,7 @@ class ClientContext:
             else:
                 if not outstanding and now >= next_renewal:
                     self._send_renewal(client, now, timing)
+                    self._watch_for_breaks(client, now, timing)
                     outstanding = True
                 wake_at = valid_until if outstanding else min(valid_until, self._next_renewal)
             del client
@@ -341,7 +364,90 @@ class ClientContext:
             ]
             for held in victims:
                 self._timed.discard(held)
+                self._unwatched.pop(held, None)
         for held in victims:
+            held.mark_lost(reason)
+
+    # -- break requests -------------------------------------------------------------------
+    def _watch_for_breaks(self, client: KazooClient, now: float, timing: LeaseTiming) -> None:
+        """Read, with a data watch, the node of every lease held for ``R`` or longer that has no
+        watch yet: one request per lease that lives that long, none for shorter ones."""
+        with self.lock:
+            due = [
+                held
+                for held, since in self._unwatched.items()
+                if since + timing.renew_interval <= now  # as the renewal due time is computed
+            ]
+            for held in due:
+                del self._unwatched[held]
+                self._break_watched.add(held)
+                # A waiter of this client watching the same node must not remove the server's
+                # watch (one per session and path) when it stops waiting: count ours.
+                self.watch_refs[held.node] = self.watch_refs.get(held.node, 0) + 1
+        for held in due:
+            self._read_for_break(client, held)
+
+    def _read_for_break(self, client: KazooClient, held: Timed) -> None:
+        """Read ``held``'s node and watch it; a break request found (now or at a later change)
+        is handed to the renewer."""
+        node = held.node
+
+        def changed(event: WatchedEvent) -> None:
+            # kazoo's event thread: only send. DELETED is our own release (or the session's
+            # end); NONE is kazoo dropping its watchers when the session ended.
+            if event.type == EventType.CHANGED and self._is_break_watched(held):
+                self._read_for_break(client, held)
+
+        def answered(result: Any) -> None:
+            try:
+                data, _ = result.get_nowait()
+            except NoNodeError:
+                # Gone before the read: kazoo registered the watcher all the same.
+                adapter.discard_data_watcher(client, node, changed)
+                return
+            except ConnectionClosedError:
+                return
+            except Exception:  # not answered (connection loss): read again at the next tick
+                logger.debug("break watch on %s not set", node, exc_info=True)
+                with self.lock:
+                    if held in self._break_watched:
+                        self._break_watched.discard(held)
+                        self._unref_watch(node)
+                        self._unwatched[held] = -math.inf
+                return
+            reason = break_reason(data)
+            if reason is not None:
+                with self.lock:
+                    if held not in self._timed:
+                        return
+                    self._breaks[held] = reason
+                self._renew_event.set()
+
+        try:
+            client.get_async(node, watch=changed).rawlink(answered)
+        except Exception:  # the client is closing: the lease goes with it
+            logger.debug("break watch on %s could not be sent", node, exc_info=True)
+
+    def _is_break_watched(self, held: Timed) -> bool:
+        with self.lock:
+            return held in self._break_watched
+
+    def _unref_watch(self, node: str) -> None:
+        """Drop our count on ``node``'s watch (the caller holds ``self.lock``)."""
+        left = self.watch_refs.get(node, 0) - 1
+        if left > 0:
+            self.watch_refs[node] = left
+        else:
+            self.watch_refs.pop(node, None)
+
+    def _apply_breaks(self) -> None:
+        """End the leases whose node carries a break request (on the renewer's thread, like
+        every other loss the clock declares)."""
+        with self.lock:
+            breaks, self._breaks = self._breaks, {}
+            for held in breaks:
+                self._timed.discard(held)
+        for held, reason in breaks.items():
             held.mark_lost(reason)
 
     # -- kazoo's states -------------------------------------------------------------------

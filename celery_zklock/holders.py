@@ -1,0 +1,369 @@
+"""Who holds which lock: the lock queues under ``zklock_root``, read for operators and tasks.
+
+A task's lock is the znode ``<root>/<lock_name>/<key>`` (:func:`lock_path`, the same
+computation a run makes); its children are the contender nodes, in Apache Curator's layout
+(:mod:`celery_zklock.locks.contenders` parses their names and decides who holds). Every node a
+``ZkLockTask`` run creates stores the run's identity as JSON (:func:`celery_zklock.delivery.
+identity`: task id, task name, retries, worker, pid); the node's ``czxid`` is the run's fencing
+token and its ``ctime`` when it entered the queue.
+
+- :func:`read_lock` / :func:`read_locks`: one lock, or every lock under the root, as
+  :class:`LockState` (holders and waiters in queue order). Pure from the nodes read
+  (:func:`lock_state`), so the decision is the very one the lock recipes make.
+- :func:`lock_path`, :func:`lock_holders`, :func:`lock_holder`: what ``task.lock_path(...)``
+  and ``task.lock_holder(...)`` answer.
+- :func:`request_break`: write a break request into a holder's node (``celery zklock break``);
+  the format and what the holder does with it: :mod:`celery_zklock.locks.lease`.
+
+Times: ``created`` is the server's clock, ages are measured with this host's clock (a skew
+between the two shows in ``held_for``). A holder's ``held_for`` counts from its node's creation,
+so it includes the time the run waited in the queue before it was granted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
+
+from celery_zklock.config import settings_of
+from celery_zklock.locks.contenders import Kind, decide, queue_of
+from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.locks.lease import break_request, node_object, with_break_request
+from celery_zklock.session import get_client
+
+__all__ = [
+    "READ_TIMEOUT",
+    "BreakOutcome",
+    "Entry",
+    "Holder",
+    "Identity",
+    "LockState",
+    "Mode",
+    "lock_holder",
+    "lock_holders",
+    "lock_path",
+    "lock_state",
+    "parse_identity",
+    "read_lock",
+    "read_locks",
+    "request_break",
+]
+
+READ_TIMEOUT: Final = 10.0
+"""Seconds ZooKeeper may take to answer one reading of the locks (else ZooKeeperUnavailable)."""
+PIPELINE: Final = 500
+"""Requests sent back to back before their answers are awaited, when reading many locks."""
+
+Mode = Literal["exclusive", "shared"]
+_MODE_OF_KIND: Final[dict[Kind, Mode]] = {"write": "exclusive", "read": "shared"}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a contender node belongs to, from its data.
+
+    ``ours`` is False for data that is not a JSON object (a Curator contender stores its IP
+    address): such a holder is named by its node only, and cannot hear a break request.
+    ``broken`` is the break request written into the node, if any (``by``, ``at``, ``reason``).
+    """
+
+    task_id: str | None = None
+    task: str | None = None
+    worker: str | None = None
+    pid: int | None = None
+    retries: int = 0
+    broken: Mapping[str, Any] | None = None
+    ours: bool = True
+
+
+def parse_identity(data: bytes | None) -> Identity:
+    """The :class:`Identity` stored in a contender node's data (fields that are missing or of
+    the wrong type are None)."""
+    found = node_object(data)
+    if found is None:
+        return Identity(ours=False)
+
+    def text(key: str) -> str | None:
+        value = found.get(key)
+        return value if isinstance(value, str) else None
+
+    def integer(key: str) -> int | None:
+        value = found.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return Identity(
+        task_id=text("task_id"),
+        task=text("task"),
+        worker=text("worker"),
+        pid=integer("pid"),
+        retries=integer("retries") or 0,
+        broken=break_request(data),
+    )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The identity of a run that holds a lock (what ``task.lock_holder(...)`` returns).
+
+    ``token`` is the holder's fencing token (its node's ``czxid``); ``held_for`` the seconds
+    since its node was created (including any wait in the queue before the grant); ``node`` the
+    full path of its contender node (what ``celery zklock break`` takes). The other fields are
+    None for a holder that is not a celery-zklock task run (a Curator or plain recipe holder).
+    """
+
+    task_id: str | None
+    task: str | None
+    worker: str | None
+    pid: int | None
+    token: int
+    held_for: float
+    node: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One contender node of a lock, as read: its place, grant, token, age and identity."""
+
+    name: str
+    seq: int
+    kind: Kind
+    holds: bool
+    token: int
+    created: float
+    """Unix time (seconds) the node was created, by the server's clock."""
+    session: int
+    identity: Identity
+
+    @property
+    def mode(self) -> Mode:
+        """``exclusive`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes) or ``shared``
+        (``__READ__``)."""
+        return _MODE_OF_KIND[self.kind]
+
+    def age(self, now: float) -> float:
+        """Seconds since the node was created, at Unix time ``now`` (never negative)."""
+        return max(0.0, now - self.created)
+
+
+@dataclass(frozen=True)
+class LockState:
+    """One lock: its path and its contender nodes in queue order."""
+
+    path: str
+    entries: tuple[Entry, ...]
+
+    @property
+    def holders(self) -> tuple[Entry, ...]:
+        """The nodes that hold the lock now: one writer, or every reader ahead of the first
+        writer."""
+        return tuple(e for e in self.entries if e.holds)
+
+    @property
+    def waiters(self) -> tuple[Entry, ...]:
+        """The nodes waiting, in the order they will be granted."""
+        return tuple(e for e in self.entries if not e.holds)
+
+    @property
+    def mode(self) -> Mode | None:
+        """The mode the lock is held in (None if nobody holds it)."""
+        holders = self.holders
+        return holders[0].mode if holders else None
+
+    def holder_records(self, now: float) -> tuple[Holder, ...]:
+        """The holders as :class:`Holder` records, ages at Unix time ``now``."""
+        return tuple(
+            Holder(
+                task_id=e.identity.task_id,
+                task=e.identity.task,
+                worker=e.identity.worker,
+                pid=e.identity.pid,
+                token=e.token,
+                held_for=e.age(now),
+                node=f"{self.path}/{e.name}",
+            )
+            for e in self.holders
+        )
+
+
+def lock_state(path: str, nodes: Iterable[tuple[str, bytes | None, ZnodeStat]]) -> LockState:
+    """The :class:`LockState` of the lock at ``path`` from its nodes ``(name, data, stat)``.
+
+    Children that are not contenders are left out; who holds is decided by
+    :func:`celery_zklock.locks.contenders.decide`, as each contender decides for itself.
+    """
+    read = {name: (data, stat) for name, data, stat in nodes}
+    queue = queue_of(read)
+    entries = []
+    for contender in queue:
+        data, stat = read[contender.name]
+        entries.append(
+            Entry(
+                name=contender.name,
+                seq=contender.seq,
+                kind=contender.kind,
+                holds=decide(queue, contender.name, contender.kind).holds,
+                token=int(stat.czxid),
+                created=stat.ctime / 1000.0,
+                session=int(stat.ephemeralOwner),
+                identity=parse_identity(data),
+            )
+        )
+    return LockState(path, tuple(entries))
+
+
+# -- reading ZooKeeper -------------------------------------------------------------------------
+
+
+def _answers(
+    client: KazooClient, requests: Sequence[tuple[str, str]], deadline: Deadline
+) -> list[Any]:
+    """Answers to ``(operation, path)`` requests (``children`` or ``get``), sent pipelined;
+    None for a path that does not exist (any more)."""
+    answers: list[Any] = []
+    for start in range(0, len(requests), PIPELINE):
+        batch = requests[start : start + PIPELINE]
+        pending = [
+            client.get_children_async(path) if op == "children" else client.get_async(path)
+            for op, path in batch
+        ]
+        for (_, path), result in zip(batch, pending, strict=True):
+            try:
+                answers.append(wait_result(result, deadline, f"reading {path}"))
+            except NoNodeError:
+                answers.append(None)
+    return answers
+
+
+def _read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) -> list[LockState]:
+    listings = _answers(client, [("children", p) for p in paths], deadline)
+    wanted = [
+        (path, child)
+        for path, children in zip(paths, listings, strict=True)
+        for child in sorted(children or ())
+        if queue_of([child])
+    ]
+    read = _answers(client, [("get", f"{p}/{c}") for p, c in wanted], deadline)
+    nodes: dict[str, list[tuple[str, bytes | None, ZnodeStat]]] = {p: [] for p in paths}
+    for (path, child), answer in zip(wanted, read, strict=True):
+        if answer is not None:
+            data, stat = answer
+            nodes[path].append((child, data, stat))
+    return [lock_state(path, nodes[path]) for path in paths]
+
+
+def read_lock(client: KazooClient, path: str, timeout: float = READ_TIMEOUT) -> LockState:
+    """The lock at ``path`` now (no entries if nobody holds or waits).
+
+    Raises ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds.
+    """
+    return _read_states(client, [path], Deadline(timeout))[0]
+
+
+def read_locks(
+    client: KazooClient,
+    root: str,
+    *,
+    names: Sequence[str] | None = None,
+    timeout: float = READ_TIMEOUT,
+) -> list[LockState]:
+    """Every lock under ``root`` that has a contender (``<root>/<lock name>/<key>``), sorted by
+    path; with ``names``, only those lock names. Raises ZooKeeperUnavailable when ZooKeeper
+    does not answer within ``timeout`` seconds."""
+    deadline = Deadline(timeout)
+    if names is None:
+        listed = _answers(client, [("children", root)], deadline)[0] or []
+        names = sorted(listed)
+    parents = [f"{root}/{name}" for name in names]
+    keys = _answers(client, [("children", p) for p in parents], deadline)
+    paths = [
+        f"{parent}/{key}"
+        for parent, found in zip(parents, keys, strict=True)
+        for key in sorted(found or ())
+    ]
+    return [state for state in _read_states(client, paths, deadline) if state.entries]
+
+
+# -- a task's lock -----------------------------------------------------------------------------
+
+
+def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The lock path a call of ``task`` (a ZkLockTask) with these arguments takes: the app's
+    ``zklock_root``, the task's lock name and the key its own key builder computes.
+
+    Raises LockKeyError (or what a callable ``lock_key`` raises) for arguments that make no key.
+    """
+    spec = task._zklock_compile()
+    return f"{settings_of(task.app).root}/{spec.options.name}/{spec.keys(args, kwargs)}"
+
+
+def lock_holders(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Holder, ...]:
+    """Who holds the lock a call of ``task`` with these arguments takes, in queue order (several
+    readers of a shared lock), read with the process's ZooKeeper client for the app's settings.
+
+    Raises ZooKeeperUnavailable when ZooKeeper does not answer in time.
+    """
+    path = lock_path(task, args, kwargs)
+    client = get_client(settings_of(task.app).client)
+    return read_lock(client, path).holder_records(time.time())
+
+
+def lock_holder(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Holder | None:
+    """The first of :func:`lock_holders` (the one a writer would wait for first), or None."""
+    holders = lock_holders(task, args, kwargs)
+    return holders[0] if holders else None
+
+
+# -- breaking ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakOutcome:
+    """What :func:`request_break` did to one node.
+
+    ``status``: ``requested`` (the request is written), ``already`` (a break request was there:
+    ``by`` names who wrote it), ``gone`` (the node no longer exists), ``foreign`` (its data is
+    not a JSON object: the holder cannot hear a request).
+    """
+
+    node: str
+    status: Literal["requested", "already", "gone", "foreign"]
+    by: str | None = None
+
+
+def request_break(
+    client: KazooClient, node: str, by: str, reason: str | None, *, attempts: int = 5
+) -> BreakOutcome:
+    """Write a break request into the holder's node ``node``, conditional on the version read,
+    so the holder's identity is kept and a concurrent change is never overwritten.
+
+    Raises kazoo's NoAuthError when the ACL does not let this client write the node, and
+    ZooKeeperUnavailable when ZooKeeper does not answer in time.
+    """
+    for _ in range(attempts):
+        deadline = Deadline(READ_TIMEOUT)
+        try:
+            data, stat = wait_result(client.get_async(node), deadline, f"reading {node}")
+        except NoNodeError:
+            return BreakOutcome(node, "gone")
+        if node_object(data) is None:
+            return BreakOutcome(node, "foreign")
+        existing = break_request(data)
+        if existing is not None:
+            return BreakOutcome(node, "already", str(existing.get("by")))
+        marked = with_break_request(data, by, time.time(), reason)
+        try:
+            wait_result(
+                client.set_async(node, marked, version=stat.version), deadline, f"writing {node}"
+            )
+        except NoNodeError:
+            return BreakOutcome(node, "gone")
+        except BadVersionError:
+            continue  # changed between our read and write: read again
+        return BreakOutcome(node, "requested", by)
+    raise RuntimeError(f"{node} kept changing: could not write the break request")

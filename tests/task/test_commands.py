@@ -1,0 +1,389 @@
+"""`celery -A tests.taskapp zklock ...` and the task's lock_path/lock_holder, on a real ZooKeeper
+with real `celery worker` processes; break detection on a bare lease (no Celery) first."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from click.testing import CliRunner, Result
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from celery_zklock import LockLost, Mutex
+from celery_zklock.commands import operator
+from celery_zklock.config import forget_settings
+from celery_zklock.holders import request_break
+from celery_zklock.locks.clock import LeaseTiming
+from tests.conftest import SESSION_TIMEOUT
+from tests.lockutil import wait_for, watches_by_path
+from tests.taskapp import read_records
+from tests.workerproc import ROOT, workers
+
+IDENTITY = json.dumps({"task_id": "recipe-run", "task": "none", "worker": "here", "pid": 1})
+
+
+def celery_zklock(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.taskapp zklock ARGS`` as a subprocess with the workers' environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.taskapp", "zklock", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def invoke(*args: str, input: str | None = None) -> Result:
+    """The same command in this process (the app's settings read afresh from the env)."""
+    from celery.bin.celery import celery
+
+    from tests import taskapp
+
+    forget_settings(taskapp.app)
+    return CliRunner().invoke(celery, ["-A", "tests.taskapp", "zklock", *args], input=input)
+
+
+@pytest.fixture
+def cli_env(zk_hosts: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The in-process command's settings: this ZooKeeper, the workers' session timeout."""
+    monkeypatch.setenv("ZKLOCK_HOSTS", zk_hosts)
+    monkeypatch.setenv("ZKLOCK_SESSION_TIMEOUT", str(SESSION_TIMEOUT))
+    yield
+    from tests import taskapp
+
+    forget_settings(taskapp.app)
+
+
+def watched_by(hosts: str, node: str, session_id: int) -> bool:
+    """True if the session ``session_id`` has a watch on ``node`` (``wchp``)."""
+    return any(int(s, 16) == session_id for s in watches_by_path(hosts).get(node, []))
+
+
+def children(zk: KazooClient, path: str) -> list[str]:
+    try:
+        return list(zk.get_children(path))
+    except NoNodeError:
+        return []
+
+
+# -- break detection on a bare lease ---------------------------------------------------------
+
+
+@pytest.fixture
+def holder_client(zk_hosts: str) -> Iterator[KazooClient]:
+    client = KazooClient(zk_hosts, timeout=SESSION_TIMEOUT)
+    client.start(timeout=15)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["before-the-watch", "watched"])
+def test_a_break_request_ends_the_lease_and_the_waiter_is_granted_after_release(
+    watched: bool,
+    holder_client: KazooClient,
+    zk_client: KazooClient,
+    zk_hosts: str,
+    lock_root: str,
+) -> None:
+    lease = Mutex(holder_client, lock_root).acquire(timeout=5, data=IDENTITY.encode())
+    lost = threading.Event()
+    reasons: list[str] = []
+    lease.on_lost(lambda reason: (reasons.append(reason), lost.set()))
+    granted = threading.Event()
+    waiter_result: list[Any] = []
+
+    def wait_turn() -> None:
+        with Mutex(zk_client, lock_root).acquire(timeout=30) as waiter:
+            waiter_result.append(waiter.token)
+            granted.set()
+
+    thread = threading.Thread(target=wait_turn)
+    thread.start()
+    wait_for(lambda: len(children(zk_client, lock_root)) == 2, 10, "the waiter to queue")
+    session_id = holder_client.client_id[0]
+    if watched:
+        wait_for(lambda: watched_by(zk_hosts, lease.node, session_id), 10, "the break watch")
+    else:
+        assert not watched_by(zk_hosts, lease.node, session_id)
+    sent = time.monotonic()
+    assert request_break(zk_client, lease.node, "alice@ops", "why").status == "requested"
+    assert lost.wait(LeaseTiming(SESSION_TIMEOUT).renew_interval * 2 + 1)
+    detected = time.monotonic() - sent
+    print(f"break detected after {detected * 1000:.1f} ms ({'watched' if watched else 'tick'})")
+    if watched:
+        assert detected < 0.5
+    assert reasons == ["broken by operator alice@ops: why"] and lease.lost
+    with pytest.raises(LockLost, match="broken by operator alice@ops"):
+        lease.check()
+    # Told, not released: the node stays and the waiter waits until the holder lets go.
+    assert zk_client.exists(lease.node) is not None and not granted.is_set()
+    lease.release()
+    thread.join(10)
+    assert granted.is_set() and waiter_result[0] > lease.token
+
+
+def test_a_lease_released_within_a_renewal_interval_reads_nothing_for_breaks(
+    holder_client: KazooClient, lock_root: str
+) -> None:
+    reads: list[str] = []
+    original = holder_client.get_async
+
+    def counting(path: str, watch: Any = None) -> Any:
+        reads.append(path)
+        return original(path, watch=watch)
+
+    holder_client.get_async = counting  # type: ignore[method-assign]
+    interval = LeaseTiming(SESSION_TIMEOUT).renew_interval
+    for _ in range(5):
+        with Mutex(holder_client, lock_root).acquire(timeout=5):
+            pass
+    assert reads == []
+    with Mutex(holder_client, lock_root).acquire(timeout=5) as lease:
+        wait_for(lambda: lease.node in reads, interval * 2 + 1, "the break read")
+        time.sleep(interval * 2)  # more ticks: still one read
+    assert reads == [lease.node]
+
+
+# -- the commands on a bare lease ------------------------------------------------------------
+
+
+def test_break_asks_first_and_refuses_what_it_cannot_break(
+    cli_env: None, holder_client: KazooClient, zk_client: KazooClient, lock_root: str
+) -> None:
+    lease = Mutex(holder_client, lock_root).acquire(timeout=5, data=IDENTITY.encode())
+    declined = invoke("break", lock_root, input="n\n")
+    assert declined.exit_code == 1 and "Aborted" in declined.output
+    assert "task recipe-run (none) on here pid 1" in declined.output
+    assert zk_client.get(lease.node)[0] == IDENTITY.encode() and not lease.lost
+    # Not a lock, a free lock, a waiter's node.
+    assert "no lock here" in invoke("break", f"{lock_root}-none", "--yes").output
+    waiter = Mutex(zk_client, lock_root)
+    thread = threading.Thread(target=lambda: waiter.acquire(timeout=5).release())
+    thread.start()
+    wait_for(lambda: len(children(zk_client, lock_root)) == 2, 10, "the waiter to queue")
+    waiting = sorted(children(zk_client, lock_root))[-1]
+    refused = invoke("break", f"{lock_root}/{waiting}", "--yes")
+    assert refused.exit_code == 1 and "is waiting, not holding" in refused.output
+    lease.release()
+    thread.join(10)
+
+
+def test_break_of_a_holder_that_does_not_let_go_needs_force(
+    cli_env: None, holder_client: KazooClient, zk_client: KazooClient, lock_root: str
+) -> None:
+    # A holder that hears the break but never releases (its body ignores the interruption).
+    lease = Mutex(holder_client, lock_root).acquire(timeout=5, data=IDENTITY.encode())
+    stuck = invoke("break", lock_root, "--yes", "--timeout", "0.5")
+    assert stuck.exit_code == 1 and "did not let go within 0.5s" in stuck.output
+    assert zk_client.exists(lease.node) is not None
+    forced = invoke("break", lease.node, "--yes", "--timeout", "0.2", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert "a break was already requested by" in forced.output
+    assert "DELETED by force" in forced.output and zk_client.exists(lease.node) is None
+    wait_for(lambda: lease.lost, 5, "the holder to count its lease lost")
+    lease.release()
+    # A Curator holder (its IP as data) cannot hear a request: only --force deletes it.
+    curator = zk_client.create(
+        f"{lock_root}/_c_8a0f5a0e-1c2b-4d3e-8f40-5a6b7c8d9e0f-lock-", b"10.0.0.7",
+        ephemeral=True, sequence=True,
+    )  # fmt: skip
+    deaf = invoke("break", lock_root, "--yes")
+    assert deaf.exit_code == 1 and "cannot hear a break request" in deaf.output
+    assert zk_client.get(curator)[0] == b"10.0.0.7"
+    assert invoke("break", lock_root, "--yes", "--force").exit_code == 0
+    assert zk_client.exists(curator) is None
+
+
+# -- with workers ----------------------------------------------------------------------------
+
+
+def entered(tmp: Path, key: str, role: str) -> dict[str, Any] | None:
+    return next(
+        (
+            r
+            for r in read_records(tmp / f"breaks-{key}")
+            if (r["event"], r["role"]) == ("enter", role)
+        ),
+        None,
+    )
+
+
+def test_locks_and_holder_name_the_running_task_and_its_waiter(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    app, env, tmp = taskenv
+    from tests.taskapp import breakable
+
+    with workers(app, "prefork", 2, env, tmp) as (first, second):
+        held = breakable.apply_async(("lk", "holder", 60.0), queue=first.queue)
+        wait_for(lambda: entered(tmp, "lk", "holder"), 30, "the holder to enter")
+        record = entered(tmp, "lk", "holder")
+        assert record is not None
+        waiting = breakable.apply_async(("lk", "waiter", 0.0), queue=second.queue)
+        path = breakable.lock_path("lk", "any role", 1.0)
+        assert path == record["node"].rsplit("/", 1)[0]
+        wait_for(lambda: len(children(zk_client, path)) == 2, 30, "the waiter to queue")
+
+        listed = celery_zklock("locks", "--json", "--task", "tests.taskapp.breakable", env=env)
+        assert listed.returncode == 0, listed.stderr
+        document = json.loads(listed.stdout)
+        (lock,) = [lock for lock in document["locks"] if lock["path"] == path]
+        assert (lock["name"], lock["mode"]) == ("breakable", "exclusive")
+        (holder,) = lock["holders"]
+        assert holder["task_id"] == held.id and holder["task"] == "tests.taskapp.breakable"
+        assert holder["worker"] == first.nodename and holder["pid"] == record["pid"]
+        assert holder["token"] == record["token"] and holder["node"] == record["node"]
+        assert 0 <= holder["held_for"] < 60
+        (waiter,) = lock["waiters"]
+        assert waiter["task_id"] == waiting.id and waiter["worker"] == second.nodename
+        assert waiter["position"] == 1 and waiter["token"] > holder["token"]
+
+        table = celery_zklock("locks", env=env)
+        assert table.returncode == 0, table.stderr
+        rows = [line for line in table.stdout.splitlines() if held.id in line or waiting.id in line]
+        assert len(rows) == 2 and rows[0].startswith(path) and "holder" in rows[0]
+        assert "waiter 1" in rows[1]
+        print(table.stdout)
+
+        answer = celery_zklock(
+            "holder", "tests.taskapp.breakable", "--args", '["lk"]',
+            "--kwargs", '{"role": "x", "seconds": 1}', env=env,
+        )  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        assert f"lock: {path}" in answer.stdout and held.id in answer.stdout
+
+        found = breakable.lock_holder("lk", "x", 1)
+        assert found is not None
+        assert (found.task_id, found.worker, found.pid) == (held.id, first.nodename, record["pid"])
+        assert (found.token, found.node) == (record["token"], record["node"])
+        assert breakable.lock_holder("nobody-holds-this", "x", 1) is None
+
+        (tmp / "release-lk").touch()
+        assert held.get(timeout=30)["token"] == record["token"]
+        assert waiting.get(timeout=30)["token"] > record["token"]
+
+
+TRIALS = 10
+
+
+def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
+    taskenv: tuple[Celery, dict[str, str], Path],
+    zk_client: KazooClient,
+    zk_hosts: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """10 of 10: the holder's run is interrupted and ends LockLost, and only after its exit
+    (and its lost event) does the waiter enter. Half the breaks are written before the holder's
+    break watch exists (seen at its first tick), half after (seen through the watch); half run
+    the command as a subprocess, half in this process."""
+    app, env, tmp = taskenv
+    from tests.taskapp import breakable
+
+    figures = []
+    with workers(app, "prefork", 2, env, tmp) as (first, second):
+        for trial in range(TRIALS):
+            began = time.monotonic()
+            key = f"trial{trial}"
+            held = breakable.apply_async((key, "holder", 60.0), queue=first.queue)
+            wait_for(lambda: entered(tmp, key, "holder"), 30, "the holder to enter")  # noqa: B023
+            record = entered(tmp, key, "holder")
+            assert record is not None
+            waiting = breakable.apply_async((key, "waiter", 0.0), queue=second.queue)
+            path = record["node"].rsplit("/", 1)[0]
+            wait_for(lambda: len(children(zk_client, path)) == 2, 30, "the waiter")  # noqa: B023
+            late = trial % 2 == 1
+            if late:
+                wait_for(
+                    lambda: watched_by(zk_hosts, record["node"], record["session_id"]),  # noqa: B023
+                    10,
+                    "the holder's break watch",
+                )
+            watch_at_break = watched_by(zk_hosts, record["node"], record["session_id"])
+            args = ("break", path, "--yes", "--reason", f"trial {trial}")
+            if late:
+                done = celery_zklock(*args, env=env)
+                code, output = done.returncode, done.stdout + done.stderr
+            else:
+                result = invoke(*args)
+                code, output = result.exit_code, result.output
+            assert code == 0, output
+            assert "its run ended FAILURE: LockLost" in output
+            with pytest.raises(LockLost, match=f"broken by operator .*: trial {trial}"):
+                held.get(timeout=30, propagate=True)
+            assert waiting.get(timeout=30)["token"] > record["token"]
+            records = read_records(tmp / f"breaks-{key}")
+            assert [(r["role"], r["event"]) for r in records] == [
+                ("holder", "enter"), ("holder", "exit"), ("waiter", "enter"), ("waiter", "exit"),
+            ]  # fmt: skip
+            assert records[1]["error"] == "LockLost"
+            lost = [r for r in read_records(tmp / "lost-events") if r["task_id"] == held.id]
+            assert len(lost) == 1 and lost[0]["time"] < records[2]["time"]
+            released = re.search(r"released after ([0-9.]+)s", output)
+            assert released is not None, output
+            figures.append(
+                {
+                    "trial": trial,
+                    "watched": watch_at_break,
+                    "written_to_node_gone_s": float(released.group(1)),
+                    "lost_event_minus_holder_exit_ms": round(
+                        (lost[0]["time"] - records[1]["time"]) * 1000, 1
+                    ),
+                    "holder_exit_to_waiter_enter_ms": round(
+                        (records[2]["time"] - records[1]["time"]) * 1000, 1
+                    ),
+                    "trial_s": round(time.monotonic() - began, 2),
+                }
+            )
+        worker_log = first.log_path.read_text()
+    for figure in figures:
+        print(figure)
+    # Who ran it, in the command's log (the in-process runs) and the holder's lost event.
+    requested = [r.getMessage() for r in caplog.records if r.name == "celery_zklock.commands"]
+    assert sum("zklock break requested" in m for m in requested) == TRIALS // 2
+    assert all(f"by={operator()}" in m for m in requested if "requested" in m)
+    lost_lines = [line for line in worker_log.splitlines() if "event=lost" in line]
+    assert len(lost_lines) == TRIALS
+    assert all(f"reason=broken by operator {operator()}: trial" in line for line in lost_lines)
+    assert len(figures) == TRIALS
+    assert any(f["watched"] for f in figures)
+
+
+# -- doctor ----------------------------------------------------------------------------------
+
+
+def test_doctor_passes_on_a_server_that_grants_the_session_timeout(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    _, env, _ = taskenv
+    done = celery_zklock("doctor", env=env)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    for check in ("connect", "session timeout", "server", "lease safety", "containers", "acl"):
+        assert any(line.startswith("PASS") and f"  {check}" in line for line in lines), check
+    assert not any(line.startswith("FAIL") for line in lines)
+
+
+def test_doctor_fails_on_a_server_that_caps_the_session_timeout(zk_stack_factory: Any) -> None:
+    server = zk_stack_factory.server(max_session_timeout_ms=2000)
+    env = {"ZKLOCK_HOSTS": server.hosts, "ZKLOCK_SESSION_TIMEOUT": "4"}
+    done = celery_zklock("doctor", env=env)
+    print(done.stdout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  session timeout: the server capped it at 2s" in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("doctor: not safe")

@@ -1,0 +1,313 @@
+"""The pure parts of `celery zklock`: node identities and break requests, who holds from the
+node names, the table and JSON of `locks`, and doctor's verdicts. No server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kazoo.protocol.states import ZnodeStat
+from kazoo.security import ACL, Id
+
+from celery_zklock.commands import checks
+from celery_zklock.commands.render import (
+    duration,
+    locks_document,
+    locks_table,
+    name_and_key,
+    table,
+)
+from celery_zklock.holders import LockState, lock_state, parse_identity
+from celery_zklock.locks.lease import break_reason, break_request, with_break_request
+from celery_zklock.session import CREATOR_ACL, ClientConfig
+
+NOW = 1_700_000_100.0
+IDENTITY = {"task_id": "t-1", "task": "app.sync", "retries": 2, "worker": "w1@h", "pid": 4242}
+
+
+def stat(czxid: int, created: float, owner: int = 0x1000) -> ZnodeStat:
+    return ZnodeStat(
+        czxid, czxid, int(created * 1000), int(created * 1000), 0, 0, 0, owner, 0, 0, 0
+    )
+
+
+def node(name: str, token: int, data: object = None, created: float = NOW - 10) -> tuple:
+    raw = b"" if data is None else data if isinstance(data, bytes) else json.dumps(data).encode()
+    return (name, raw, stat(token, created))
+
+
+def uuid(n: int) -> str:
+    return f"_c_{n:08x}-0000-4000-8000-000000000000-"
+
+
+# -- identities and break requests ------------------------------------------------------------
+
+
+def test_identity_of_a_task_run_node() -> None:
+    identity = parse_identity(json.dumps(IDENTITY).encode())
+    assert (identity.task_id, identity.task, identity.worker, identity.pid) == (
+        "t-1", "app.sync", "w1@h", 4242,
+    )  # fmt: skip
+    assert identity.retries == 2 and identity.ours and identity.broken is None
+
+
+@pytest.mark.parametrize(
+    ("data", "ours"),
+    [(b"", True), (b"{}", True), (b"10.0.0.7", False), (b"[1, 2]", False), (b"\xff\xfe", False)],
+)
+def test_identity_of_nodes_that_are_not_a_run(data: bytes, ours: bool) -> None:
+    identity = parse_identity(data)
+    assert identity.ours is ours
+    assert (identity.task_id, identity.worker, identity.pid) == (None, None, None)
+
+
+def test_identity_fields_of_the_wrong_type_are_none() -> None:
+    identity = parse_identity(json.dumps({"task_id": 7, "pid": "12", "retries": True}).encode())
+    assert identity.task_id is None and identity.pid is None and identity.retries == 0
+
+
+def test_a_break_request_keeps_the_identity_and_names_the_operator() -> None:
+    marked = with_break_request(json.dumps(IDENTITY).encode(), "alice@ops", 1.5, "stuck on IO")
+    parsed = json.loads(marked)
+    assert {k: parsed[k] for k in IDENTITY} == IDENTITY
+    assert parsed["broken"] == {"by": "alice@ops", "at": 1.5, "reason": "stuck on IO"}
+    assert break_reason(marked) == "broken by operator alice@ops: stuck on IO"
+    identity = parse_identity(marked)
+    assert identity.task_id == "t-1" and identity.broken is not None
+    assert identity.broken["by"] == "alice@ops"
+
+
+def test_a_break_request_without_reason_and_into_empty_data() -> None:
+    marked = with_break_request(b"", "bob@h", 2.0, None)
+    assert json.loads(marked) == {"broken": {"by": "bob@h", "at": 2.0}}
+    assert break_reason(marked) == "broken by operator bob@h"
+
+
+@pytest.mark.parametrize(
+    "data", [b"", json.dumps(IDENTITY).encode(), b"10.0.0.7", b'{"broken": "yes"}', b"null"]
+)
+def test_data_without_a_break_request_gives_no_reason(data: bytes) -> None:
+    assert break_reason(data) is None and break_request(data) is None
+
+
+def test_a_curator_node_cannot_take_a_break_request() -> None:
+    with pytest.raises(ValueError, match="not a celery-zklock holder"):
+        with_break_request(b"10.0.0.7", "alice@ops", 1.0, None)
+
+
+# -- who holds, from the node names ------------------------------------------------------------
+
+
+def test_exclusive_queue_holder_is_the_lowest_sequence_not_the_lowest_name() -> None:
+    state = lock_state(
+        "/r/sync/k",
+        [
+            node(f"{uuid(1)}__WRIT__0000000012", 212, {"task_id": "late"}),
+            node(f"{uuid(9)}__WRIT__0000000003", 203, {"task_id": "first"}, created=NOW - 30),
+            node(f"{uuid(5)}lock-0000000007", 207, {"task_id": "second"}),
+            ("not-a-contender", b"", stat(1, NOW)),
+        ],
+    )
+    assert [e.identity.task_id for e in state.holders] == ["first"]
+    assert [e.identity.task_id for e in state.waiters] == ["second", "late"]
+    assert state.mode == "exclusive"
+    (holder,) = state.holder_records(NOW)
+    assert holder.task_id == "first" and holder.token == 203
+    assert holder.held_for == pytest.approx(30.0)
+    assert holder.node == f"/r/sync/k/{uuid(9)}__WRIT__0000000003"
+
+
+def test_shared_queue_readers_ahead_of_the_first_writer_hold_together() -> None:
+    state = lock_state(
+        "/r/report/k",
+        [
+            node(f"{uuid(1)}__READ__0000000001", 101),
+            node(f"{uuid(2)}__READ__0000000002", 102),
+            node(f"{uuid(3)}__WRIT__0000000003", 103),
+            node(f"{uuid(4)}__READ__0000000004", 104),
+            node("5f3a__rlock__0000000005", 105),  # kazoo's ReadLock: respected too
+        ],
+    )
+    assert [e.seq for e in state.holders] == [1, 2]
+    assert [(e.seq, e.mode) for e in state.waiters] == [
+        (3, "exclusive"), (4, "shared"), (5, "shared"),
+    ]  # fmt: skip
+    assert state.mode == "shared"
+
+
+def test_an_empty_lock_has_no_mode_and_no_holder() -> None:
+    state = lock_state("/r/x/k", [])
+    assert state.mode is None and state.holder_records(NOW) == ()
+
+
+# -- the table and the JSON --------------------------------------------------------------------
+
+
+def two_locks() -> list[LockState]:
+    broken = {**IDENTITY, "broken": {"by": "alice@ops", "at": NOW - 1}}
+    return [
+        lock_state(
+            "/zklock/sync/account_id=1~aa",
+            [
+                node(f"{uuid(1)}__WRIT__0000000001", 11, IDENTITY, created=NOW - 65),
+                node(f"{uuid(2)}__WRIT__0000000002", 12, {**IDENTITY, "task_id": "t-2"}),
+            ],
+        ),
+        lock_state(
+            "/zklock/report/id=7~bb",
+            [
+                node(f"{uuid(3)}__READ__0000000004", 21, broken, created=NOW - 2),
+                node(f"{uuid(4)}__READ__0000000005", 22, b"10.1.2.3", created=NOW - 1),
+            ],
+        ),
+    ]
+
+
+def test_table_one_row_per_node_path_on_the_first_row_of_each_lock() -> None:
+    lines = locks_table(two_locks(), NOW).splitlines()
+    header, rows = lines[0].split(), lines[1:]
+    assert header[:3] == ["LOCK", "MODE", "ROLE"] and header[-1] == "NOTE"
+    assert len(rows) == 4
+    assert rows[0].startswith("/zklock/sync/account_id=1~aa")
+    assert rows[1].startswith(" ") and "waiter 1" in rows[1] and "t-2" in rows[1]
+    assert "holder" in rows[0] and "1m05s" in rows[0] and "w1@h" in rows[0] and "4242" in rows[0]
+    assert rows[2].startswith("/zklock/report/id=7~bb") and "shared" in rows[2]
+    assert rows[2].endswith("break requested by alice@ops")
+    assert rows[3].endswith("not a celery-zklock run") and "holder" in rows[3]
+    # Columns line up: every row's MODE starts where the header's does.
+    column = lines[0].index("MODE")
+    assert all(row[column:].split()[0] in ("exclusive", "shared") for row in rows)
+
+
+def test_table_without_notes_has_no_note_column() -> None:
+    header = locks_table(two_locks()[:1], NOW).splitlines()[0]
+    assert "NOTE" not in header
+    assert locks_table([], NOW) == "no locks held"
+
+
+def test_table_cuts_trailing_blanks() -> None:
+    assert table([["A", "B"], ["long cell", ""]]) == "A          B\nlong cell"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.04, "0.0s"), (12.34, "12.3s"), (65, "1m05s"), (7380, "2h03m"), (273_600, "3d04h")],
+)
+def test_durations(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_json_document_is_stable() -> None:
+    document = locks_document("/zklock", two_locks(), NOW)
+    assert json.loads(json.dumps(document)) == document
+    assert set(document) == {"schema", "root", "time", "locks"} and document["schema"] == 1
+    sync, report = document["locks"]
+    assert set(sync) == {"path", "name", "key", "mode", "holders", "waiters"}
+    assert (sync["name"], sync["key"], sync["mode"]) == ("sync", "account_id=1~aa", "exclusive")
+    (holder,) = sync["holders"]
+    assert set(holder) == {
+        "node", "seq", "mode", "task_id", "task", "worker", "pid", "retries", "token",
+        "session", "created", "held_for", "broken", "celery_zklock",
+    }  # fmt: skip
+    assert holder["held_for"] == 65.0 and holder["token"] == 11 and holder["session"] == "0x1000"
+    assert holder["node"] == f"/zklock/sync/account_id=1~aa/{uuid(1)}__WRIT__0000000001"
+    (waiter,) = sync["waiters"]
+    assert waiter["position"] == 1 and waiter["waiting_for"] == 10.0 and "held_for" not in waiter
+    assert [h["celery_zklock"] for h in report["holders"]] == [True, False]
+    assert report["holders"][0]["broken"]["by"] == "alice@ops"
+    assert report["holders"][1]["task_id"] is None
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/zklock/sync/k~1", ("sync", "k~1")),
+        ("/other/sync/k", (None, None)),
+        ("/zklock/sync", (None, None)),
+        ("/zklock/a/b/c", (None, None)),
+    ],
+)
+def test_name_and_key(path: str, expected: tuple[str | None, str | None]) -> None:
+    assert name_and_key("/zklock", path) == expected
+
+
+# -- doctor's verdicts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requested", "negotiated", "status"),
+    [(10, 10, "PASS"), (10, 4, "FAIL"), (4, 6, "WARN"), (0.5, 0.5, "FAIL"), (10, None, "WARN")],
+)
+def test_session_timeout_verdicts(requested: float, negotiated: float | None, status: str) -> None:
+    check = checks.session_timeout_check(requested, negotiated)
+    assert check.status == status
+    if status == "FAIL" and requested > 1:
+        assert "capped it at 4s" in check.detail and "maxSessionTimeout" in check.detail
+
+
+SRVR = """Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c, built on 2024
+Latency min/avg/max: 0/0.1/3
+Mode: follower
+Node count: 12
+"""
+CONF = """clientPort=2181
+tickTime={tick}
+minSessionTimeout=4000
+maxSessionTimeout=40000
+initLimit=10
+syncLimit={sync}
+"""
+REFUSED = "conf is not executed because it is not in the whitelist.\n"
+
+
+def test_server_check_reads_version_and_mode() -> None:
+    check = checks.server_check("zk1:2181", SRVR)
+    assert (check.status, check.detail) == ("PASS", "ZooKeeper 3.8.4, mode follower")
+    assert checks.server_check("zk1:2181", REFUSED.replace("conf", "srvr")).status == "WARN"
+    assert checks.server_check("zk1:2181", None).status == "WARN"
+
+
+def test_lease_safety_needs_the_session_timeout_at_two_ticks() -> None:
+    safe = checks.lease_safety_checks("zk1", 4.0, CONF.format(tick=2000, sync=5))
+    assert [c.status for c in safe] == ["PASS", "INFO"]
+    assert "longer than the session timeout 4s" in safe[1].detail  # 5 x 2 s = 10 s
+    unsafe = checks.lease_safety_checks("zk1", 4.0, CONF.format(tick=3000, sync=1))
+    assert unsafe[0].status == "FAIL" and "zklock_session_timeout >= 6" in unsafe[0].detail
+    assert "within the session timeout" in unsafe[1].detail  # 1 x 3 s = 3 s
+    assert [c.status for c in checks.lease_safety_checks("zk1", 4.0, REFUSED)] == ["WARN"]
+    assert [c.status for c in checks.lease_safety_checks("zk1", 4.0, None)] == ["WARN"]
+    standalone = checks.lease_safety_checks("zk1", 4.0, "tickTime=200\n")
+    assert [c.status for c in standalone] == ["PASS", "INFO"] and "standalone" in standalone[
+        1
+    ].detail
+
+
+def test_acl_report_names_identities_without_secrets() -> None:
+    config = ClientConfig(
+        hosts="zk:2181",
+        auth=(("digest", "alice:s3cret"),),
+        sasl=(("mechanism", "DIGEST-MD5"), ("password", "pw"), ("username", "bob")),
+        acl=CREATOR_ACL,
+    )
+    check = checks.acl_check(
+        config, [ACL(31, Id("digest", "alice:hash")), ACL(1, Id("world", "anyone"))]
+    )
+    assert check.status == "PASS"
+    assert "zklock_acl=creator" in check.detail
+    assert "digest:alice:hash=ALL, world:anyone=READ" in check.detail
+    assert "digest:alice" in check.detail and "sasl DIGEST-MD5 as bob" in check.detail
+    assert "s3cret" not in check.detail and "pw" not in check.detail
+    assert "open" in checks.acl_check(ClientConfig(hosts="zk:2181"), []).detail
+
+
+def test_host_ports_of_a_connection_string() -> None:
+    assert checks.host_ports("zk1:2181, zk2:2182,zk3/app") == [
+        ("zk1", 2181), ("zk2", 2182), ("zk3", 2181),
+    ]  # fmt: skip
+
+
+def test_report_fails_on_any_fail() -> None:
+    found = [checks.Check("PASS", "a", "x"), checks.Check("WARN", "b", "y")]
+    assert not checks.failed(found) and checks.report(found).endswith("ok (0 FAIL, 1 WARN)")
+    found.append(checks.Check("FAIL", "c", "z"))
+    assert checks.failed(found) and "FAIL  c: z" in checks.report(found)
