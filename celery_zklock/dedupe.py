@@ -2,7 +2,8 @@
 running), crash-safely.
 
 A call with ``lock_dedupe`` set first claims a *marker*, a znode next to the run lock
-(``<lock path>~dedupe``) whose data names the task id that owns it. Creating it is atomic: among
+(``<lock path>~dedupe``) whose data names the task id that owns it: one read, and one create
+when there is none (a deduplicated call writes nothing). Creating it is atomic: among
 any number of concurrent callers, in any number of processes, one create succeeds and only that
 caller sends its message; the others get the owner's task id (``AsyncResult`` of it, or
 ``AlreadyQueued``). The owner's run removes the marker when it starts (``"queued"``) or when it
@@ -158,12 +159,14 @@ def claim(
     path = marker_path(lock_path)
     ours = Marker(task_id, mode, time.time()).encode()
     for _ in range(CLAIM_ROUNDS):
-        if _create(client, path, ours, ttl):
-            return None
+        # Read first: a create that fails on an existing node is still a logged, fsynced
+        # transaction on the server; a read is not (the deduplicated call is the common one).
         try:
             raw, stat = client.get(path)
         except NoNodeError:
-            continue  # it went between our create and our read: try the create again
+            if _create(client, path, ours, ttl):
+                return None
+            continue  # another caller created it between our read and our create: read it
         found = Marker.decode(raw)
         if found is not None and found.task_id == task_id:
             return None
