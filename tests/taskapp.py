@@ -310,3 +310,13 @@ def breakable(self: Any, key: str, role: str, seconds: float) -> dict[str, Any]:
         raise
     _append(records, {"event": "exit", **record, "error": None, "time": time.time()})
     return {"token": lease.token}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="late_limited", lock_key=["key"],
+    lock_mode="semaphore", lock_limit=2, lock_on_busy="wait", acks_late=True,
+    reject_on_worker_lost=True,
+)  # fmt: skip
+def acked_late_limited(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """:func:`acked_late` under a semaphore of 2: a copy of its message would fit beside it."""
+    return _held_until_released(self, key, seconds)

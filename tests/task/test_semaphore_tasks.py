@@ -24,8 +24,9 @@ from celery_zklock import (
 from celery_zklock.testing.celery_worker import stop_all
 from celery_zklock.testing.witness import check_witness
 from tests.lockutil import expire_session, expire_session_id, task_client, wait_for
+from tests.task.test_task_delivery import all_deliveries_ended, decided
 from tests.taskapp import read_records
-from tests.workerproc import STOP_GRACE, Worker, start_worker
+from tests.workerproc import STOP_GRACE, Worker, contenders, start_worker, workers
 
 
 @pytest.fixture
@@ -178,3 +179,32 @@ def test_busy_policies_signals_and_loss_in_process(app: Celery, zk_hosts: str) -
     assert acquired[0]["token"] != acquired[1]["token"]
     busy = [fields["policy"] for name, fields in sent if name == "lock_busy"]
     assert busy == ["skip", "raise", "wait"]
+
+
+def test_copy_of_a_semaphore_original_never_runs_beside_it(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """A copy of a running message (Redis visibility timeout) fits in the semaphore's second
+    slot: granted, it looks ahead of its node, finds its original and is ignored while the
+    original runs (it would run its body beside it after a 2 s look for a result otherwise)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late_limited
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    with workers(app, "threads", 1, env, tmp, prefix="dupsem") as (worker,):
+        original = acked_late_limited.apply_async(("sem", 60.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-sem"), 30, "the original to start")
+        wait_for(
+            lambda: (
+                decided(worker, original.id, ("duplicate-ignored",)) >= 1
+                or len(read_records(tmp / "starts-sem")) > 1
+            ),
+            30,
+            "a copy to be ignored or to run",
+        )
+        assert decided(worker, original.id, ("same-delivery-waits",)) >= 1
+        (tmp / "release-sem").touch()
+        assert original.get(timeout=60)["token"] > 0
+        wait_for(lambda: all_deliveries_ended(worker, original.id), 60, "every copy")
+    assert [s["task_id"] for s in read_records(tmp / "starts-sem")] == [original.id]
+    wait_for(lambda: not contenders(zk_client, "late_limited"), 10, "the lock nodes to go")
