@@ -297,7 +297,8 @@ def test_invalid_overrides(
         assert fragment in message
     if "is not allowed" in message:
         assert message.endswith(
-            "allowed keys: dedupe, dedupe_raise, dedupe_ttl, on_busy, on_lost, on_timeout, retry_countdown, timeout"
+            "allowed keys: dedupe, dedupe_raise, dedupe_ttl, on_busy, on_lost, on_timeout, "
+            "retry_countdown, timeout"
         )
 
 
@@ -306,4 +307,5 @@ def test_overrides_must_be_a_mapping(base: LockOptions, overrides: object) -> No
     with pytest.raises(ConfigurationError) as caught:
         with_call_overrides(base, TASK, overrides)  # type: ignore[arg-type]
     assert str(caught.value).startswith(f"task {TASK!r}: zklock=")
-    assert "give a dict with some of the keys dedupe, dedupe_raise, dedupe_ttl, on_busy" in str(caught.value)
+    expected = "give a dict with some of the keys dedupe, dedupe_raise, dedupe_ttl, on_busy"
+    assert expected in str(caught.value)
