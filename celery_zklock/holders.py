@@ -32,7 +32,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.config import settings_of
-from celery_zklock.locks.contenders import Kind, decide, queue_of
+from celery_zklock.locks.contenders import Kind, decide, parse_limit, queue_of
 from celery_zklock.locks.context import Deadline, wait_result
 from celery_zklock.locks.lease import break_request, node_object, with_break_request
 from celery_zklock.session import get_client
@@ -60,8 +60,12 @@ READ_TIMEOUT: Final = 10.0
 PIPELINE: Final = 500
 """Requests sent back to back before their answers are awaited, when reading many locks."""
 
-Mode = Literal["exclusive", "shared"]
-_MODE_OF_KIND: Final[dict[Kind, Mode]] = {"write": "exclusive", "read": "shared"}
+Mode = Literal["exclusive", "shared", "semaphore"]
+_MODE_OF_KIND: Final[dict[Kind, Mode]] = {
+    "write": "exclusive",
+    "read": "shared",
+    "lease": "semaphore",
+}
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,12 @@ class Holder:
 
 @dataclass(frozen=True)
 class Entry:
-    """One contender node of a lock, as read: its place, grant, token, age and identity."""
+    """One contender node of a lock, as read: its place, grant, token, age and identity.
+
+    ``kind`` is the access it asks for: ``write`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes),
+    ``read`` (``__READ__``), or ``lease`` (a node of a semaphore: named like a mutex's, told
+    apart by the limit stored in the lock's node).
+    """
 
     name: str
     seq: int
@@ -142,8 +151,7 @@ class Entry:
 
     @property
     def mode(self) -> Mode:
-        """``exclusive`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes) or ``shared``
-        (``__READ__``)."""
+        """``exclusive`` (write), ``shared`` (read) or ``semaphore`` (lease)."""
         return _MODE_OF_KIND[self.kind]
 
     def age(self, now: float) -> float:
@@ -153,15 +161,17 @@ class Entry:
 
 @dataclass(frozen=True)
 class LockState:
-    """One lock: its path and its contender nodes in queue order."""
+    """One lock: its path, its contender nodes in queue order, and ``limit``, the ``N`` of a
+    semaphore (None for other locks)."""
 
     path: str
     entries: tuple[Entry, ...]
+    limit: int | None = None
 
     @property
     def holders(self) -> tuple[Entry, ...]:
-        """The nodes that hold the lock now: one writer, or every reader ahead of the first
-        writer."""
+        """The nodes that hold the lock now: one writer, every reader ahead of the first
+        writer, or a semaphore's first ``limit`` nodes."""
         return tuple(e for e in self.entries if e.holds)
 
     @property
@@ -191,30 +201,37 @@ class LockState:
         )
 
 
-def lock_state(path: str, nodes: Iterable[tuple[str, bytes | None, ZnodeStat]]) -> LockState:
-    """The :class:`LockState` of the lock at ``path`` from its nodes ``(name, data, stat)``.
+def lock_state(
+    path: str,
+    nodes: Iterable[tuple[str, bytes | None, ZnodeStat]],
+    lock_data: bytes | None = None,
+) -> LockState:
+    """The :class:`LockState` of the lock at ``path`` from its nodes ``(name, data, stat)`` and
+    the lock node's own data (a semaphore's limit, ``max_leases=N``).
 
     Children that are not contenders are left out; who holds is decided by
     :func:`celery_zklock.locks.contenders.decide`, as each contender decides for itself.
     """
+    limit = parse_limit(lock_data)
     read = {name: (data, stat) for name, data, stat in nodes}
     queue = queue_of(read)
     entries = []
     for contender in queue:
         data, stat = read[contender.name]
+        kind: Kind = "lease" if limit is not None else contender.kind
         entries.append(
             Entry(
                 name=contender.name,
                 seq=contender.seq,
-                kind=contender.kind,
-                holds=decide(queue, contender.name, contender.kind).holds,
+                kind=kind,
+                holds=decide(queue, contender.name, kind, limit).holds,
                 token=int(stat.czxid),
                 created=stat.ctime / 1000.0,
                 session=int(stat.ephemeralOwner),
                 identity=parse_identity(data),
             )
         )
-    return LockState(path, tuple(entries))
+    return LockState(path, tuple(entries), limit)
 
 
 # -- reading ZooKeeper -------------------------------------------------------------------------
@@ -241,7 +258,9 @@ def _answers(
 
 
 def _read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) -> list[LockState]:
-    listings = _answers(client, [("children", p) for p in paths], deadline)
+    requests = [(op, p) for p in paths for op in ("children", "get")]
+    answers = _answers(client, requests, deadline)
+    listings, own = answers[0::2], answers[1::2]
     wanted = [
         (path, child)
         for path, children in zip(paths, listings, strict=True)
@@ -254,7 +273,10 @@ def _read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) 
         if answer is not None:
             data, stat = answer
             nodes[path].append((child, data, stat))
-    return [lock_state(path, nodes[path]) for path in paths]
+    return [
+        lock_state(path, nodes[path], answer[0] if answer is not None else None)
+        for path, answer in zip(paths, own, strict=True)
+    ]
 
 
 def read_lock(client: KazooClient, path: str, timeout: float = READ_TIMEOUT) -> LockState:

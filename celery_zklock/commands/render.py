@@ -14,8 +14,10 @@ if one is removed or changes meaning::
           "path": "/zklock/sync_account/account_id=42~1f0c...",
           "name": "sync_account",    # the lock name (None for a path outside the root)
           "key": "account_id=42~1f0c...",
-          "mode": "exclusive",       # how it is held: exclusive | shared | null (nobody)
-          "holders": [NODE, ...],    # one writer, or the readers ahead of the first writer
+          "mode": "exclusive",       # exclusive | shared | semaphore | null (nobody holds)
+          "limit": null,             # a semaphore's N (at most N holders), else null
+          "holders": [NODE, ...],    # one writer, the readers ahead of the first writer,
+                                     # or a semaphore's first N nodes
           "waiters": [NODE, ...]     # in the order they will be granted
         }
       ]
@@ -26,7 +28,8 @@ and each NODE::
     {
       "node": "/zklock/.../_c_<uuid>-__WRIT__0000000007",  # what `break` takes
       "seq": 7,                      # ZooKeeper's sequence number: the queue order
-      "mode": "exclusive",           # exclusive (lock-, __WRIT__) | shared (__READ__)
+      "mode": "exclusive",           # exclusive (lock-, __WRIT__) | shared (__READ__) |
+                                     # semaphore (lock- under a node holding max_leases=N)
       "task_id": "...", "task": "...", "worker": "...", "pid": 1234, "retries": 0,
       "token": 4294967302,           # fencing token: the node's czxid
       "session": "0x1000a3f2c0004",  # the ZooKeeper session that owns the node
@@ -100,6 +103,7 @@ def lock_document(root: str, state: LockState, now: float) -> dict[str, Any]:
         "name": name,
         "key": key,
         "mode": state.mode,
+        "limit": state.limit,
         "holders": [node_document(state, e, now, None) for e in state.holders],
         "waiters": [
             node_document(state, e, now, position)
@@ -138,11 +142,11 @@ def _note(entry: Entry) -> str:
     return ""
 
 
-def _row(path: str, entry: Entry, role: str, now: float) -> list[str]:
+def _row(path: str, entry: Entry, role: str, now: float, limit: int | None) -> list[str]:
     identity = entry.identity
     return [
         path,
-        entry.mode,
+        f"semaphore/{limit}" if limit is not None else entry.mode,
         role,
         str(entry.token),
         duration(entry.age(now)),
@@ -175,10 +179,10 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
     for state in states:
         path = state.path
         for entry in state.holders:
-            body.append(_row(path, entry, "holder", now))
+            body.append(_row(path, entry, "holder", now, state.limit))
             path = ""
         for position, entry in enumerate(state.waiters, start=1):
-            body.append(_row(path, entry, f"waiter {position}", now))
+            body.append(_row(path, entry, f"waiter {position}", now, state.limit))
             path = ""
     if not body:
         return "no locks held"

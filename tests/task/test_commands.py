@@ -23,8 +23,11 @@ from kazoo.exceptions import NoNodeError
 from celery_zklock import LockLost, Mutex
 from celery_zklock.commands import operator
 from celery_zklock.config import forget_settings
-from celery_zklock.holders import request_break
+from celery_zklock.holders import read_lock, request_break
 from celery_zklock.locks.clock import LeaseTiming
+from celery_zklock.locks.contenders import queue_of
+from celery_zklock.locks.semaphore import Semaphore
+from celery_zklock.session import close_clients
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for, watches_by_path
 from tests.taskapp import read_records
@@ -137,6 +140,35 @@ def test_a_break_request_ends_the_lease_and_the_waiter_is_granted_after_release(
     assert granted.is_set() and waiter_result[0] > lease.token
 
 
+def test_read_lock_shows_a_semaphores_holders_and_a_lease_of_it_can_be_broken(
+    holder_client: KazooClient, zk_client: KazooClient, zk_hosts: str, lock_root: str
+) -> None:
+    leases = [
+        Semaphore(client, lock_root, max_leases=2).acquire(timeout=5, data=IDENTITY.encode())
+        for client in (holder_client, zk_client)
+    ]
+    third = KazooClient(zk_hosts, timeout=SESSION_TIMEOUT)
+    third.start(timeout=15)
+    waiter = threading.Thread(
+        target=lambda: Semaphore(third, lock_root, max_leases=2).acquire(timeout=30).release()
+    )
+    waiter.start()
+    wait_for(lambda: len(children(zk_client, lock_root)) == 3, 10, "the waiter to queue")
+    state = read_lock(zk_client, lock_root)
+    assert (state.mode, state.limit) == ("semaphore", 2)
+    assert [f"{lock_root}/{e.name}" for e in state.holders] == [lease.node for lease in leases]
+    assert len(state.waiters) == 1
+    assert request_break(zk_client, leases[0].node, "alice@ops", None).status == "requested"
+    wait_for(lambda: leases[0].lost, 5, "the broken lease to count as lost")
+    assert leases[0].lost_reason == "broken by operator alice@ops" and not leases[1].lost
+    for lease in leases:
+        lease.release()
+    waiter.join(10)
+    third.stop()
+    third.close()
+    assert not waiter.is_alive()
+
+
 def test_a_lease_released_within_a_renewal_interval_reads_nothing_for_breaks(
     holder_client: KazooClient, lock_root: str
 ) -> None:
@@ -176,7 +208,7 @@ def test_break_asks_first_and_refuses_what_it_cannot_break(
     thread = threading.Thread(target=lambda: waiter.acquire(timeout=5).release())
     thread.start()
     wait_for(lambda: len(children(zk_client, lock_root)) == 2, 10, "the waiter to queue")
-    waiting = sorted(children(zk_client, lock_root))[-1]
+    waiting = queue_of(children(zk_client, lock_root))[-1].name
     refused = invoke("break", f"{lock_root}/{waiting}", "--yes")
     assert refused.exit_code == 1 and "is waiting, not holding" in refused.output
     lease.release()
@@ -272,6 +304,7 @@ def test_locks_and_holder_name_the_running_task_and_its_waiter(
         assert (found.task_id, found.worker, found.pid) == (held.id, first.nodename, record["pid"])
         assert (found.token, found.node) == (record["token"], record["node"])
         assert breakable.lock_holder("nobody-holds-this", "x", 1) is None
+        close_clients()  # the one lock_holder opened in this process
 
         (tmp / "release-lk").touch()
         assert held.get(timeout=30)["token"] == record["token"]
@@ -281,6 +314,67 @@ def test_locks_and_holder_name_the_running_task_and_its_waiter(
 TRIALS = 10
 
 
+def break_trial(
+    tmp: Path,
+    env: dict[str, str],
+    holder_worker: Any,
+    waiter_worker: Any,
+    zk_client: KazooClient,
+    zk_hosts: str,
+    key: str,
+    late: bool,
+) -> dict[str, Any]:
+    """One break: a holder on ``holder_worker``, a waiter queued behind it from
+    ``waiter_worker``, then ``break`` of the lock path; with ``late``, once the holder's break
+    watch exists and as a subprocess, else at once (before the watch, usually) in this process.
+    Checks the order from the records; returns the trial's figures."""
+    from tests.taskapp import breakable
+
+    began = time.monotonic()
+    held = breakable.apply_async((key, "holder", 60.0), queue=holder_worker.queue)
+    wait_for(lambda: entered(tmp, key, "holder"), 30, "the holder to enter")
+    record = entered(tmp, key, "holder")
+    assert record is not None
+    waiting = breakable.apply_async((key, "waiter", 0.0), queue=waiter_worker.queue)
+    path = record["node"].rsplit("/", 1)[0]
+    wait_for(lambda: len(children(zk_client, path)) == 2, 30, "the waiter to queue")
+    node, session_id = record["node"], record["session_id"]
+    if late:
+        wait_for(lambda: watched_by(zk_hosts, node, session_id), 10, "the holder's break watch")
+    watch_at_break = watched_by(zk_hosts, node, session_id)
+    args = ("break", path, "--yes", "--reason", f"trial {key}")
+    if late:
+        done = celery_zklock(*args, env=env)
+        code, output = done.returncode, done.stdout + done.stderr
+    else:
+        result = invoke(*args)
+        code, output = result.exit_code, result.output
+    assert code == 0, output
+    assert "its run ended FAILURE: LockLost" in output
+    with pytest.raises(LockLost, match=f"broken by operator .*: trial {key}"):
+        held.get(timeout=30, propagate=True)
+    assert waiting.get(timeout=30)["token"] > record["token"]
+    records = read_records(tmp / f"breaks-{key}")
+    assert [(r["role"], r["event"]) for r in records] == [
+        ("holder", "enter"), ("holder", "exit"), ("waiter", "enter"), ("waiter", "exit"),
+    ]  # fmt: skip
+    assert records[1]["error"] == "LockLost"
+    lost = [r for r in read_records(tmp / "lost-events") if r["task_id"] == held.id]
+    assert len(lost) == 1 and lost[0]["time"] < records[2]["time"]
+    released = re.search(r"released after ([0-9.]+)s", output)
+    assert released is not None, output
+    return {
+        "key": key,
+        "watched": watch_at_break,
+        "written_to_node_gone_s": float(released.group(1)),
+        "lost_event_minus_holder_exit_ms": round((lost[0]["time"] - records[1]["time"]) * 1000, 1),
+        "holder_exit_to_waiter_enter_ms": round(
+            (records[2]["time"] - records[1]["time"]) * 1000, 1
+        ),
+        "trial_s": round(time.monotonic() - began, 2),
+    }
+
+
 def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
     taskenv: tuple[Celery, dict[str, str], Path],
     zk_client: KazooClient,
@@ -288,70 +382,20 @@ def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """10 of 10: the holder's run is interrupted and ends LockLost, and only after its exit
-    (and its lost event) does the waiter enter. Half the breaks are written before the holder's
-    break watch exists (seen at its first tick), half after (seen through the watch); half run
-    the command as a subprocess, half in this process."""
+    (and its lost event) does the waiter enter. Half the breaks are written at once (before the
+    holder's break watch exists, seen at its first tick), half once the watch exists (seen
+    through it); those run the command as a subprocess, the others in this process."""
     app, env, tmp = taskenv
-    from tests.taskapp import breakable
-
-    figures = []
     with workers(app, "prefork", 2, env, tmp) as (first, second):
-        for trial in range(TRIALS):
-            began = time.monotonic()
-            key = f"trial{trial}"
-            held = breakable.apply_async((key, "holder", 60.0), queue=first.queue)
-            wait_for(lambda: entered(tmp, key, "holder"), 30, "the holder to enter")  # noqa: B023
-            record = entered(tmp, key, "holder")
-            assert record is not None
-            waiting = breakable.apply_async((key, "waiter", 0.0), queue=second.queue)
-            path = record["node"].rsplit("/", 1)[0]
-            wait_for(lambda: len(children(zk_client, path)) == 2, 30, "the waiter")  # noqa: B023
-            late = trial % 2 == 1
-            if late:
-                wait_for(
-                    lambda: watched_by(zk_hosts, record["node"], record["session_id"]),  # noqa: B023
-                    10,
-                    "the holder's break watch",
-                )
-            watch_at_break = watched_by(zk_hosts, record["node"], record["session_id"])
-            args = ("break", path, "--yes", "--reason", f"trial {trial}")
-            if late:
-                done = celery_zklock(*args, env=env)
-                code, output = done.returncode, done.stdout + done.stderr
-            else:
-                result = invoke(*args)
-                code, output = result.exit_code, result.output
-            assert code == 0, output
-            assert "its run ended FAILURE: LockLost" in output
-            with pytest.raises(LockLost, match=f"broken by operator .*: trial {trial}"):
-                held.get(timeout=30, propagate=True)
-            assert waiting.get(timeout=30)["token"] > record["token"]
-            records = read_records(tmp / f"breaks-{key}")
-            assert [(r["role"], r["event"]) for r in records] == [
-                ("holder", "enter"), ("holder", "exit"), ("waiter", "enter"), ("waiter", "exit"),
-            ]  # fmt: skip
-            assert records[1]["error"] == "LockLost"
-            lost = [r for r in read_records(tmp / "lost-events") if r["task_id"] == held.id]
-            assert len(lost) == 1 and lost[0]["time"] < records[2]["time"]
-            released = re.search(r"released after ([0-9.]+)s", output)
-            assert released is not None, output
-            figures.append(
-                {
-                    "trial": trial,
-                    "watched": watch_at_break,
-                    "written_to_node_gone_s": float(released.group(1)),
-                    "lost_event_minus_holder_exit_ms": round(
-                        (lost[0]["time"] - records[1]["time"]) * 1000, 1
-                    ),
-                    "holder_exit_to_waiter_enter_ms": round(
-                        (records[2]["time"] - records[1]["time"]) * 1000, 1
-                    ),
-                    "trial_s": round(time.monotonic() - began, 2),
-                }
-            )
+        figures = [
+            break_trial(tmp, env, first, second, zk_client, zk_hosts, f"t{i}", i % 2 == 1)
+            for i in range(TRIALS)
+        ]
         worker_log = first.log_path.read_text()
     for figure in figures:
         print(figure)
+    assert len(figures) == TRIALS
+    assert any(f["watched"] for f in figures) and not all(f["watched"] for f in figures)
     # Who ran it, in the command's log (the in-process runs) and the holder's lost event.
     requested = [r.getMessage() for r in caplog.records if r.name == "celery_zklock.commands"]
     assert sum("zklock break requested" in m for m in requested) == TRIALS // 2
@@ -359,8 +403,18 @@ def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
     lost_lines = [line for line in worker_log.splitlines() if "event=lost" in line]
     assert len(lost_lines) == TRIALS
     assert all(f"reason=broken by operator {operator()}: trial" in line for line in lost_lines)
-    assert len(figures) == TRIALS
-    assert any(f["watched"] for f in figures)
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_break_in_threads_and_gevent_pools(
+    pool: str, taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient, zk_hosts: str
+) -> None:
+    """One break of each kind where the body runs in a thread or a greenlet (and, under
+    gevent, the lease clock's renewer is a greenlet too)."""
+    app, env, tmp = taskenv
+    with workers(app, pool, 2, env, tmp) as (first, second):
+        for late in (False, True):
+            print(break_trial(tmp, env, first, second, zk_client, zk_hosts, f"{pool}{late}", late))
 
 
 # -- doctor ----------------------------------------------------------------------------------

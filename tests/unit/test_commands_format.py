@@ -135,6 +135,18 @@ def test_shared_queue_readers_ahead_of_the_first_writer_hold_together() -> None:
     assert state.mode == "shared"
 
 
+def test_a_semaphore_is_told_by_the_limit_in_the_lock_node_first_n_hold() -> None:
+    nodes = [node(f"{uuid(n)}lock-{n:010d}", 300 + n) for n in (4, 1, 3, 2)]
+    state = lock_state("/r/limited/k", nodes, b"max_leases=2")
+    assert state.limit == 2 and state.mode == "semaphore"
+    assert [e.seq for e in state.holders] == [1, 2] and [e.seq for e in state.waiters] == [3, 4]
+    assert {e.mode for e in state.entries} == {"semaphore"}
+    assert "semaphore/2" in locks_table([state], NOW)
+    assert locks_document("/r", [state], NOW)["locks"][0]["limit"] == 2
+    # The same nodes under a node without a limit are a mutex's.
+    assert [e.seq for e in lock_state("/r/limited/k", nodes, b"").holders] == [1]
+
+
 def test_an_empty_lock_has_no_mode_and_no_holder() -> None:
     state = lock_state("/r/x/k", [])
     assert state.mode is None and state.holder_records(NOW) == ()
@@ -202,7 +214,8 @@ def test_json_document_is_stable() -> None:
     assert json.loads(json.dumps(document)) == document
     assert set(document) == {"schema", "root", "time", "locks"} and document["schema"] == 1
     sync, report = document["locks"]
-    assert set(sync) == {"path", "name", "key", "mode", "holders", "waiters"}
+    assert set(sync) == {"path", "name", "key", "mode", "limit", "holders", "waiters"}
+    assert sync["limit"] is None
     assert (sync["name"], sync["key"], sync["mode"]) == ("sync", "account_id=1~aa", "exclusive")
     (holder,) = sync["holders"]
     assert set(holder) == {
