@@ -32,7 +32,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.config import settings_of
-from celery_zklock.locks.contenders import Kind, decide, parse_limit, queue_of
+from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
 from celery_zklock.locks.context import Deadline, wait_result
 from celery_zklock.locks.lease import break_request, node_object, with_break_request
 from celery_zklock.session import get_client
@@ -157,6 +157,18 @@ class Entry:
     def age(self, now: float) -> float:
         """Seconds since the node was created, at Unix time ``now`` (never negative)."""
         return max(0.0, now - self.created)
+
+    @property
+    def breakable(self) -> bool:
+        """True if the holder can hear a break request: a celery-zklock contender (Curator's
+        protected name, JSON or no data); not a Curator one (its IP as data) nor a kazoo
+        recipe's."""
+        return breakable(self.name, self.identity)
+
+
+def breakable(name: str, identity: Identity) -> bool:
+    """See :attr:`Entry.breakable`."""
+    return identity.ours and name.startswith(PROTECTED_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -373,7 +385,7 @@ def request_break(
             data, stat = wait_result(client.get_async(node), deadline, f"reading {node}")
         except NoNodeError:
             return BreakOutcome(node, "gone")
-        if node_object(data) is None:
+        if not breakable(node.rsplit("/", 1)[-1], parse_identity(data)):
             return BreakOutcome(node, "foreign")
         existing = break_request(data)
         if existing is not None:

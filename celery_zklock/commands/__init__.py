@@ -30,7 +30,7 @@ import click
 from celery import states
 from celery.bin.base import CeleryCommand, CeleryOption
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
 from celery_zklock.commands import checks
 from celery_zklock.commands.render import locks_document, locks_table
@@ -72,7 +72,8 @@ def _settings(app: Any) -> Settings:
 
 @contextmanager
 def _connected(config: ClientConfig) -> Iterator[KazooClient]:
-    """A client of our own for ``config`` (not the process's shared one), stopped after."""
+    """A client of our own for ``config`` (not the process's shared one), stopped after; a
+    ZooKeeper failure in the block ends the command with its message (exit 1)."""
     adapter.install_connect_hook()
     client = new_client(config)
     try:
@@ -85,6 +86,8 @@ def _connected(config: ClientConfig) -> Iterator[KazooClient]:
         ) from None
     try:
         yield client
+    except (ZkLockError, KazooException) as exc:
+        raise click.ClickException(f"ZooKeeper at {config.hosts}: {exc!r}") from exc
     finally:
         client.stop()
         client.close()
@@ -243,8 +246,8 @@ def _describe(entry: Entry, now: float) -> str:
     identity = entry.identity
     who = (
         f"task {identity.task_id} ({identity.task}) on {identity.worker} pid {identity.pid}"
-        if identity.ours
-        else "a holder that is not a celery-zklock run"
+        if entry.breakable
+        else "a holder that is not a celery-zklock contender"
     )
     return f"{who}, token {entry.token}, held for {entry.age(now):.1f}s"
 
@@ -282,11 +285,13 @@ def break_(
     """Make the holder of the lock PATH (or of the contender node PATH) let go.
 
     The command writes a break request into the holder's own node. The holder's lease clock
-    sees it (at once when the lease is older than a renewal interval, else within one) and
-    counts the lease lost: its run is interrupted and ends with LockLost, and its release
-    deletes the node; only then is the next waiter granted. The command waits for the node to
-    go. A holder whose process is paused or hung does not let go: with --force its node is
-    deleted after the wait (the waiter may then run while the stuck run is still inside).
+    reads its node, with a watch, once the lease has been held for a renewal interval (T/8):
+    a request is seen at that read or, later, at once through the watch. The lease then counts
+    as lost: the run is interrupted and ends with LockLost, and its release deletes the node;
+    only then is the next waiter granted. The command waits for the node to go and tells how
+    the run ended. A run hung where the interruption cannot reach does not let go: with --force
+    its node is deleted after the wait (the waiter may then run while the stuck run is still
+    inside). A paused process hears nothing; its node goes when its session expires.
     Exit status: 0 once every holder let go (or was deleted with --force), 1 otherwise.
     """
     app = _app(ctx)
@@ -316,7 +321,8 @@ def break_(
             pending = []
     if deaf:
         _fail(
-            "not broken: a holder that is not a celery-zklock run cannot hear a break request; "
+            "not broken: a holder that is not a celery-zklock contender cannot hear a break "
+            "request; "
             "--force deletes its node now (it may still be inside its critical section)",
             EXIT_NOT_RELEASED,
         )
@@ -355,7 +361,7 @@ def _request_breaks(
         if outcome.status == "gone":
             click.echo(f"{node}: already released")
         elif outcome.status == "foreign":
-            click.echo(f"{node}: not a celery-zklock run, it cannot hear a break request")
+            click.echo(f"{node}: not a celery-zklock contender, it cannot hear a break request")
             if force:
                 _force_delete(client, [node], by)
             else:

@@ -38,7 +38,8 @@ and each NODE::
       "waiting_for": 1.0,            # waiters instead: seconds since created
       "position": 1,                 # waiters only: 1 is granted next
       "broken": null,                # or {"by": "alice@host", "at": ..., "reason": ...}
-      "celery_zklock": true          # false: the data is not a run's identity (Curator...)
+      "celery_zklock": true          # false: not a celery-zklock contender (Curator, kazoo
+                                     # recipes): it cannot hear a break request
     }
 
 ``task_id``, ``task``, ``worker`` and ``pid`` are null for a node that is not a task run's.
@@ -91,7 +92,7 @@ def node_document(
         document["waiting_for"] = round(entry.age(now), 3)
         document["position"] = position
     document["broken"] = dict(identity.broken) if identity.broken is not None else None
-    document["celery_zklock"] = identity.ours
+    document["celery_zklock"] = entry.breakable
     return document
 
 
@@ -137,8 +138,8 @@ def duration(seconds: float) -> str:
 def _note(entry: Entry) -> str:
     if entry.identity.broken is not None:
         return f"break requested by {entry.identity.broken.get('by')}"
-    if not entry.identity.ours:
-        return "not a celery-zklock run"
+    if not entry.breakable:
+        return "not celery-zklock"
     return ""
 
 

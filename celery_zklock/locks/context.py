@@ -13,8 +13,9 @@ client. It keeps
   on CONNECTED ends the leases of the old one;
 - **break requests** (:mod:`celery_zklock.locks.lease`): a lease held for a renewal interval
   ``R`` gets its node read once, with a data watch, at the renewer's next tick; a break request
-  in the data (written before or after the watch) ends that lease. A lease released within
-  ``R`` costs no request for this;
+  in the data (written before or after the watch) ends that lease, and so does the node's
+  deletion by anyone else (``celery zklock break --force``). A lease released within ``R``
+  costs no request for this;
 - the bookkeeping the locks share: who holds which path in which thread (reentrancy), which lock
   parents exist, how many waiters watch a node, and orphaned contender nodes to delete.
 
@@ -51,6 +52,7 @@ KNOWN_PARENTS = 1024
 WAIT_SLICE = 0.1
 #: A renewal counts as on time when sent within this factor of ``R`` after the previous one.
 _ON_TIME = 1.25
+_DELETED = "the lock node was deleted by someone else while it was held"
 
 
 class Deadline:
@@ -99,7 +101,7 @@ class ClientContext:
         self._unwatched: dict[Timed, float] = {}
         #: Leases whose node has our break watch (counted in watch_refs until untracked).
         self._break_watched: set[Timed] = set()
-        #: Break requests read, for the renewer to act on: lease -> lost reason.
+        #: Breaks (requests read, nodes deleted) for the renewer to act on: lease -> reason.
         self._breaks: dict[Timed, str] = {}
         self._wakeups: set[Any] = set()
         self._pending_purges: set[tuple[str, str]] = set()
@@ -393,40 +395,49 @@ class ClientContext:
         node = held.node
 
         def changed(event: WatchedEvent) -> None:
-            # kazoo's event thread: only send. DELETED is our own release (or the session's
-            # end); NONE is kazoo dropping its watchers when the session ended.
-            if event.type == EventType.CHANGED and self._is_break_watched(held):
+            # kazoo's event thread: only send and note. Our own release untracks the lease
+            # before it deletes the node; NONE is kazoo dropping its watchers at a session's end.
+            if not self._is_break_watched(held):
+                return
+            if event.type == EventType.CHANGED:
                 self._read_for_break(client, held)
+            elif event.type == EventType.DELETED:
+                self._note_loss(held, _DELETED)
 
         def answered(result: Any) -> None:
             try:
                 data, _ = result.get_nowait()
             except NoNodeError:
-                # Gone before the read: kazoo registered the watcher all the same.
+                # kazoo registered the watcher all the same: drop it.
                 adapter.discard_data_watcher(client, node, changed)
+                self._note_loss(held, _DELETED)
                 return
             except ConnectionClosedError:
                 return
             except Exception:  # not answered (connection loss): read again at the next tick
                 logger.debug("break watch on %s not set", node, exc_info=True)
                 with self.lock:
-                    if held in self._break_watched:
+                    if held in self._break_watched and held in self._timed:
                         self._break_watched.discard(held)
                         self._unref_watch(node)
                         self._unwatched[held] = -math.inf
                 return
             reason = break_reason(data)
             if reason is not None:
-                with self.lock:
-                    if held not in self._timed:
-                        return
-                    self._breaks[held] = reason
-                self._renew_event.set()
+                self._note_loss(held, reason)
 
         try:
             client.get_async(node, watch=changed).rawlink(answered)
         except Exception:  # the client is closing: the lease goes with it
             logger.debug("break watch on %s could not be sent", node, exc_info=True)
+
+    def _note_loss(self, held: Timed, reason: str) -> None:
+        """Hand ``held``'s loss to the renewer, if it is still timed."""
+        with self.lock:
+            if held not in self._timed:
+                return
+            self._breaks[held] = reason
+        self._renew_event.set()
 
     def _is_break_watched(self, held: Timed) -> bool:
         with self.lock:

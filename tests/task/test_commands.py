@@ -169,6 +169,21 @@ def test_read_lock_shows_a_semaphores_holders_and_a_lease_of_it_can_be_broken(
     assert not waiter.is_alive()
 
 
+def test_a_watched_lease_whose_node_is_deleted_counts_as_lost_at_once(
+    holder_client: KazooClient, zk_client: KazooClient, zk_hosts: str, lock_root: str
+) -> None:
+    """What ``break --force`` does to a holder that is still alive: it learns at once."""
+    lease = Mutex(holder_client, lock_root).acquire(timeout=5, data=IDENTITY.encode())
+    session_id = holder_client.client_id[0]
+    wait_for(lambda: watched_by(zk_hosts, lease.node, session_id), 10, "the break watch")
+    lost = threading.Event()
+    lease.on_lost(lambda _: lost.set())
+    zk_client.delete(lease.node)
+    assert lost.wait(1.0)
+    assert lease.lost_reason == "the lock node was deleted by someone else while it was held"
+    lease.release()
+
+
 def test_a_lease_released_within_a_renewal_interval_reads_nothing_for_breaks(
     holder_client: KazooClient, lock_root: str
 ) -> None:

@@ -147,6 +147,22 @@ def test_a_semaphore_is_told_by_the_limit_in_the_lock_node_first_n_hold() -> Non
     assert [e.seq for e in lock_state("/r/limited/k", nodes, b"").holders] == [1]
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        (f"{uuid(1)}__WRIT__0000000001", IDENTITY, True),  # a task run
+        (f"{uuid(1)}lock-0000000001", None, True),  # a celery_zklock recipe lease without data
+        (f"{uuid(1)}lock-0000000001", b"10.0.0.7", False),  # Curator: its IP
+        ("9f3c__lock__0000000001", None, False),  # kazoo's Lock: never watches its data
+    ],
+)
+def test_which_holders_can_hear_a_break_request(name: str, data: object, expected: bool) -> None:
+    (entry,) = lock_state("/r/x/k", [node(name, 1, data)]).entries
+    assert entry.breakable is expected
+    document = locks_document("/r", [lock_state("/r/x/k", [node(name, 1, data)])], NOW)
+    assert document["locks"][0]["holders"][0]["celery_zklock"] is expected
+
+
 def test_an_empty_lock_has_no_mode_and_no_holder() -> None:
     state = lock_state("/r/x/k", [])
     assert state.mode is None and state.holder_records(NOW) == ()
@@ -185,7 +201,7 @@ def test_table_one_row_per_node_path_on_the_first_row_of_each_lock() -> None:
     assert "holder" in rows[0] and "1m05s" in rows[0] and "w1@h" in rows[0] and "4242" in rows[0]
     assert rows[2].startswith("/zklock/report/id=7~bb") and "shared" in rows[2]
     assert rows[2].endswith("break requested by alice@ops")
-    assert rows[3].endswith("not a celery-zklock run") and "holder" in rows[3]
+    assert rows[3].endswith("not celery-zklock") and "holder" in rows[3]
     # Columns line up: every row's MODE starts where the header's does.
     column = lines[0].index("MODE")
     assert all(row[column:].split()[0] in ("exclusive", "shared") for row in rows)
