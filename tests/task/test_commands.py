@@ -456,3 +456,24 @@ def test_doctor_fails_on_a_server_that_caps_the_session_timeout(zk_stack_factory
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL  session timeout: the server capped it at 2s" in done.stdout
     assert done.stdout.splitlines()[-1].startswith("doctor: not safe")
+
+
+def test_doctor_over_tls_with_sasl_and_creator_acl(zk_secure_server: Any) -> None:
+    server = zk_secure_server
+    env = {
+        "ZKLOCK_HOSTS": server.tls_hosts,
+        "ZKLOCK_SESSION_TIMEOUT": "10",
+        "ZKLOCK_USE_SSL": "true",
+        "ZKLOCK_SSL_CA": str(server.ca_file),
+        "ZKLOCK_SASL_MECHANISM": "DIGEST-MD5",
+        "ZKLOCK_SASL_USERNAME": "alice",
+        "ZKLOCK_SASL_PASSWORD": server.sasl_users["alice"],
+        "ZKLOCK_ACL": "creator",
+    }
+    done = celery_zklock("doctor", env=env)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS  server localhost:" in done.stdout  # srvr answered over TLS
+    assert "zklock_acl=creator -> sasl:alice=ALL, world:anyone=READ" in done.stdout
+    assert "identities: sasl DIGEST-MD5 as alice" in done.stdout
+    assert server.sasl_users["alice"] not in done.stdout
