@@ -332,8 +332,10 @@ def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
     Raises LockKeyError (or what a callable ``lock_key`` raises) for arguments that make no key.
     """
+    from celery_zklock.run import call_path  # run imports the task layer this module serves
+
     spec = task._zklock_compile()
-    return f"{settings_of(task.app).root}/{spec.options.name}/{spec.keys(args, kwargs)}"
+    return call_path(task.app, spec, spec.options, args, kwargs)
 
 
 def lock_holders(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Holder, ...]:

@@ -81,7 +81,7 @@ CHILD_ENV: Final = "CELERY_ZKLOCK_METRICS_DIR"
 OUTCOMES: Final = ("granted", "skipped", "timed_out", "busy_raised", "retried")
 """The ``outcome`` label of ``zklock_acquisitions_total``: one per attempt that got or gave up
 the lock (a ``wait`` ends as granted or timed_out)."""
-LOST_REASONS: Final = ("session_expired", "lease_clock", "node_deleted", "other")
+LOST_REASONS: Final = ("session_expired", "lease_clock", "node_deleted", "broken", "other")
 """The ``reason`` label of ``zklock_lost_total``."""
 BUCKETS: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -103,6 +103,7 @@ _REASON_FRAGMENTS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
         ("session expired", "session changed", "session that created the lock node ended"),
     ),
     ("node_deleted", ("node was deleted",)),
+    ("broken", ("broken by operator",)),
 )
 _LOST_MEMORY: Final = 1024
 """Leases remembered per process to count each loss once whichever signal tells it first."""
@@ -120,7 +121,8 @@ def lost_reason(reason: object) -> str:
 
     ``lease_clock``: the lease clock ran out (no answer from the ZooKeeper leader in time, or
     the process was paused); ``session_expired``: the session behind the node expired or was
-    replaced; ``node_deleted``: someone else deleted the lock node; ``other``: anything else,
+    replaced; ``node_deleted``: someone else deleted the lock node; ``broken``: an operator broke
+    it (``celery zklock break``); ``other``: anything else,
     None included.
     """
     text = str(reason or "").lower()

@@ -187,8 +187,8 @@ def test_a_lease_lost_at_its_release_is_counted_once(
         worker, port = fleet["prefork"]
         holder = acked_late.apply_async(("dk", 60.0), queue=worker.queue)
         wait_for(lambda: read_records(tmp / "starts-dk"), 30, "the task to hold its lock")
-        # Someone else deletes the holder's node: nothing watches it, so the holder finds the
-        # loss when it releases.
+        # Someone else deletes the holder's node: the holder learns it at once if it already
+        # watches its node (held past T/8), else when it releases; counted once either way.
         (key,) = zk_client.get_children("/taskapp/late")
         (node,) = zk_client.get_children(f"/taskapp/late/{key}")
         zk_client.delete(f"/taskapp/late/{key}/{node}")

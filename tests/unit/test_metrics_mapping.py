@@ -65,6 +65,7 @@ def test_every_busy_policy_maps_to_an_outcome_or_waits() -> None:
             "lease_clock",
         ),
         ("the lock node was deleted by someone else while it was held", "node_deleted"),
+        ("broken by operator alice@ops: stuck since Monday", "broken"),
         ("a cosmic ray", "other"),
         ("", "other"),
         (None, "other"),
