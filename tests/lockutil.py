@@ -29,10 +29,19 @@ def expire_session_id(hosts: str, session_id: int, password: bytes) -> None:
     twin.close()
 
 
+WAIT_FLOOR = 30.0
+"""Least seconds :func:`wait_for` waits. Its bounds are on events in other processes (a
+worker's log line, a node going), never what a test measures: under load (CI, or two suites
+side by side) a pool respawn or a redelivery takes several times its usual second, and a
+shorter bound only turns that into a failure. A predicate that never comes true still fails."""
+
+
 def wait_for(
     predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
 ) -> None:
-    """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout`` seconds."""
+    """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout`` seconds
+    (at least :data:`WAIT_FLOOR`)."""
+    timeout = max(timeout, WAIT_FLOOR)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() >= deadline:
