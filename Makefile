@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench system-deps venv clean
+.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -35,6 +35,11 @@ lint: $(STAMP)
 bench: system-deps $(STAMP)
 	$(BIN)/python -c 'import celery_singleton, celery_once' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The documentation site into site/ (mkdocs.yml); warnings are errors. Installs the `docs` extra first if missing.
+docs: $(STAMP)
+	$(BIN)/python -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Debian packages (ZooKeeper, Redis, Java, docker-compose, Curator): checked every run, installed only when missing.
 system-deps:
