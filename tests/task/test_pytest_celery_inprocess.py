@@ -6,8 +6,8 @@ plugin; no Docker) compose with the opt-in plugin's ``zk_hosts``, ``redis_url`` 
 ``lock_root`` (tests/conftest.py loads ``celery_zklock.testing.plugin``).
 
 pytest-celery 1.x's plugin imports ``celery.contrib.pytest``'s fixtures and then its own, so its
-Docker-based ``celery_worker`` shadows Celery's in-process one of the same name. Importing
-Celery's into the test module (below) makes it the one this module's tests get;
+Docker-based ``celery_worker`` shadows Celery's in-process one of the same name. Naming
+Celery's in the test module (below) makes it the one this module's tests get;
 ``celery_session_worker`` has no such twin and is always the in-process one.
 """
 
@@ -17,11 +17,14 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import celery.contrib.pytest
 import pytest
-from celery.contrib.pytest import celery_worker  # noqa: F401  (in-process, not pytest-celery's)
 from celery.worker import WorkController
 
 from celery_zklock import ZkLockTask, is_skipped
+
+# Celery's in-process worker, not pytest-celery's Docker one of the same name.
+celery_worker = celery.contrib.pytest.celery_worker
 
 
 @pytest.fixture
