@@ -43,14 +43,18 @@ then ``docker build -t myproject-worker:test .`` and run pytest with
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import pytest
+from celery.result import AsyncResult
 
 try:
     from pytest_celery import (  # type: ignore[import-untyped]
+        CeleryTestBackend,
         CeleryTestContainer,
         CeleryTestWorker,
         CeleryWorkerContainer,
@@ -264,6 +268,32 @@ class ZkLockWorkerContainer(CeleryWorkerContainer):  # type: ignore[misc]
 def celery_broker(celery_redis_broker: RedisTestBroker) -> RedisTestBroker:
     """The Redis broker only (pytest-celery's would also parametrise over RabbitMQ)."""
     return celery_redis_broker
+
+
+class ZkLockRedisTestBackend(RedisTestBackend):  # type: ignore[misc]
+    """pytest-celery's Redis backend whose teardown does not evaluate lazy tasks.
+
+    pytest-celery 1.3 finds live ``AsyncResult`` objects with ``isinstance`` over every object
+    in memory; ``isinstance`` asks a Celery ``PromiseProxy`` (a task not yet bound to its app)
+    for its ``__class__``, which finalizes that app: an app of another test module that reads
+    its settings from the environment then fails the teardown. ``type()`` asks nothing.
+    """
+
+    def teardown(self) -> None:
+        gc.collect()
+        for found in gc.get_objects():
+            if issubclass(type(found), AsyncResult):
+                with contextlib.suppress(Exception):
+                    found.backend = None
+        CeleryTestBackend.teardown(self)
+
+
+@pytest.fixture
+def celery_redis_backend(default_redis_backend: RedisContainer) -> Iterator[RedisTestBackend]:
+    """pytest-celery's fixture of that name, with :class:`ZkLockRedisTestBackend`."""
+    backend = ZkLockRedisTestBackend(default_redis_backend)
+    yield backend
+    backend.teardown()
 
 
 @pytest.fixture

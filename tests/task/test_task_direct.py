@@ -36,20 +36,21 @@ def app(zk_hosts: str, lock_root: str) -> Iterator[Celery]:
 
 def test_unknown_key_argument_fails_at_definition(app: Celery) -> None:
     with pytest.raises(ConfigurationError, match=r"task '[\w.]*\.bad'.*'nope'.*parameters are: x"):
-
-        @app.task(base=ZkLockTask, lock_key=["nope"], lazy=False)
+        # shared=False: a shared task is made again in every app finalized later, where its
+        # definition error would break that app (it broke a beat test's app once).
+        @app.task(base=ZkLockTask, lock_key=["nope"], lazy=False, shared=False)
         def bad(x: int) -> None: ...
 
 
 def test_unknown_policy_and_misspelt_option_fail_at_definition(app: Celery) -> None:
     with pytest.raises(ConfigurationError, match=r"lock_on_busy.*'sometimes'"):
 
-        @app.task(base=ZkLockTask, lock_on_busy="sometimes", lazy=False)
+        @app.task(base=ZkLockTask, lock_on_busy="sometimes", lazy=False, shared=False)
         def bad(x: int) -> None: ...
 
     with pytest.raises(ConfigurationError, match="did you mean 'lock_on_busy'"):
 
-        @app.task(base=ZkLockTask, lock_on_bussy="skip", lazy=False)
+        @app.task(base=ZkLockTask, lock_on_bussy="skip", lazy=False, shared=False)
         def bad2(x: int) -> None: ...
 
 

@@ -97,17 +97,17 @@ def test_checked_when_the_task_class_is_defined() -> None:
     app = Celery("definitions", set_as_current=False)
     with pytest.raises(ConfigurationError, match=r"\.no_limit'.*needs lock_limit"):
 
-        @app.task(base=ZkLockTask, lock_mode="semaphore", lazy=False)
+        @app.task(base=ZkLockTask, lock_mode="semaphore", lazy=False, shared=False)
         def no_limit(x: int) -> None: ...
 
     with pytest.raises(ConfigurationError, match=r"\.limit_alone'.*lock_limit=3 is only for"):
 
-        @app.task(base=ZkLockTask, lock_limit=3, lazy=False)
+        @app.task(base=ZkLockTask, lock_limit=3, lazy=False, shared=False)
         def limit_alone(x: int) -> None: ...
 
     with pytest.raises(ConfigurationError, match=r"lock_limit must be a whole number >= 1"):
 
-        @app.task(base=ZkLockTask, lock_mode="semaphore", lock_limit=0, lazy=False)
+        @app.task(base=ZkLockTask, lock_mode="semaphore", lock_limit=0, lazy=False, shared=False)
         def zero(x: int) -> None: ...
 
     @app.task(bind=True, base=ZkLockTask, lock_mode="semaphore", lock_limit=2, lazy=False)
