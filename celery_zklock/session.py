@@ -27,6 +27,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError
+from kazoo.protocol.states import KazooState, KeeperState
 from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock import validate
@@ -194,10 +195,13 @@ def get_client(config: ClientConfig) -> KazooClient:
             client = new_client(config)
             adapter.install_connect_hook()
             if not client.connected:
+                refused = _watch_for_refused_login(client)
                 try:
                     client.start(timeout=config.connect_timeout)
                 except Exception as exc:
                     _stop_quietly(client)
+                    if config.sasl and refused.is_set():
+                        raise ConfigurationError(_sasl_refused(config)) from exc
                     problem = tls_problem(config) if config.use_ssl else None
                     if problem is not None:
                         raise ConfigurationError(problem) from exc
@@ -208,19 +212,38 @@ def get_client(config: ClientConfig) -> KazooClient:
         return client
 
 
+def _watch_for_refused_login(client: KazooClient) -> threading.Event:
+    """An event set if ``client`` is lost because the server refused its login: kazoo then
+    stops trying and its ``start`` only times out, so the state at the loss is the only trace."""
+    refused = threading.Event()
+
+    def listener(state: str) -> bool:
+        if state == KazooState.LOST and client.client_state == KeeperState.AUTH_FAILED:
+            refused.set()
+            return True  # done: remove this listener
+        return refused.is_set()
+
+    client.add_listener(listener)
+    return refused
+
+
+def _sasl_refused(config: ClientConfig) -> str:
+    options = dict(config.sasl)
+    return (
+        f"SASL {options.get('mechanism')} login as {options.get('username', '?')!r} was refused "
+        f"by {config.hosts}: check zklock_sasl (env ZKLOCK_SASL_USERNAME/ZKLOCK_SASL_PASSWORD) "
+        "against the server's JAAS Server section"
+    )
+
+
 def _check_sasl_login(client: KazooClient, config: ClientConfig) -> None:
-    """kazoo reports CONNECTED before its SASL exchange ends; a refused login shows only on the
-    next request (``AuthFailedError``, the client then lost). One read makes it show here."""
+    """kazoo may report CONNECTED before its SASL exchange ends; a refused login then shows only
+    on the next request (``AuthFailedError``, the client lost). One read makes it show here."""
     try:
         client.exists("/")
     except AuthFailedError as exc:
         _stop_quietly(client)
-        user = dict(config.sasl).get("username", "?")
-        raise ConfigurationError(
-            f"SASL {dict(config.sasl).get('mechanism')} login as {user!r} was refused by "
-            f"{config.hosts}: check zklock_sasl (env ZKLOCK_SASL_USERNAME/ZKLOCK_SASL_PASSWORD) "
-            "against the server's JAAS Server section"
-        ) from exc
+        raise ConfigurationError(_sasl_refused(config)) from exc
 
 
 def _stop_quietly(client: KazooClient) -> None:

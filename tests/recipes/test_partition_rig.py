@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient, KazooState
+from kazoo.retry import KazooRetry
 
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.processes import wait_until
@@ -186,7 +187,10 @@ def test_isolate_cuts_a_follower_off_and_heal_restores_it(
     leader_port = ensemble.node(leader).port
     wait_for(lambda: _mntr(leader_port).get("zk_synced_followers") == "2", 10, "2 followers")
 
-    client = KazooClient(f"127.0.0.1:{follower.port}", timeout=10.0)
+    # Reconnect attempts at most 1 s apart: kazoo's default backoff grows to a minute over the
+    # long cut, and the client would then miss the reconnect wait after the heal.
+    retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0)
+    client = KazooClient(f"127.0.0.1:{follower.port}", timeout=10.0, connection_retry=retry)
     states: list[tuple[float, str]] = []
     client.add_listener(lambda state: states.append((time.monotonic(), state)))
     client.start(timeout=15)

@@ -4,6 +4,7 @@ error that names TLS or SASL and the setting to fix, never a bare timeout."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.protocol.states import KeeperState
 
 from celery_zklock import Mutex
 from celery_zklock.config import client_config
@@ -112,3 +114,42 @@ def test_a_plain_client_on_the_tls_port_fails_clearly(zk_tls_only_server: ZooKee
     with pytest.raises(Exception) as raised:
         get_client(config(zklock_hosts=server.tls_hosts))  # no zklock_use_ssl
     assert not isinstance(raised.value, ConfigurationError)  # not a TLS setting: unavailable
+
+
+class _SlowStart(KazooClient):  # type: ignore[misc]
+    """A client whose ``start`` looks at its state only after the server refused the login:
+    kazoo's own ``start`` does that when its thread wakes late (under load), and then raises a
+    bare "Connection time-out" at once."""
+
+    def start(self, timeout: float = 15) -> None:
+        self.start_async().wait(timeout)
+        deadline = time.monotonic() + timeout
+        while self.client_state != KeeperState.AUTH_FAILED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.connected:
+            self.stop()
+            self.close()
+            raise self.handler.timeout_exception("Connection time-out")
+
+
+_SLOW_START: dict[str, Any] = {}
+
+
+def slow_start_client() -> KazooClient:
+    """``zklock_client_factory`` of the test below."""
+    return _SlowStart(**_SLOW_START)
+
+
+def test_a_refused_login_seen_only_as_a_timeout_is_named(
+    zk_secure_server: ZooKeeperServer,
+) -> None:
+    server = zk_secure_server
+    _SLOW_START.update(hosts=server.hosts, sasl_options=sasl(server, "alice", "nope"))
+    with pytest.raises(ConfigurationError, match=r"SASL DIGEST-MD5 login as 'alice' was refused"):
+        get_client(
+            config(
+                zklock_hosts=server.hosts,
+                zklock_sasl=sasl(server, "alice", "nope"),
+                zklock_client_factory=f"{__name__}:slow_start_client",
+            )
+        )
