@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs system-deps venv clean
+.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -40,6 +40,25 @@ bench: system-deps $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null || $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The oldest supported versions (tests/compat/constraints.txt: celery, kombu, kazoo, redis, ...)
+# in their own venv: the unit tier, the fence and the library without redis, and two task tests on
+# real prefork workers. tests/compat/plugin.py works around a teardown hang of Celery < 5.7.
+COMPAT_VENV  := .venv-compat
+COMPAT_BIN   := $(COMPAT_VENV)/bin
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_TESTS := tests/unit tests/compat tests/recipes/test_fence.py \
+	'tests/task/test_task_worker.py::test_skip_wait_and_shared_modes[prefork]' \
+	'tests/task/test_task_worker.py::test_session_expired_from_outside_revokes_the_running_task[prefork]'
+test-compat: system-deps $(COMPAT_STAMP)
+	@$(COMPAT_BIN)/python -c 'from importlib.metadata import version as v; print("test-compat:", ", ".join(f"{p} {v(p)}" for p in ("celery", "kombu", "billiard", "vine", "kazoo", "redis")))'
+	$(COMPAT_BIN)/python -m pytest -p tests.compat.plugin $(COMPAT_TESTS) $(PYTEST_ARGS)
+
+$(COMPAT_STAMP): pyproject.toml tests/compat/constraints.txt
+	test -x $(COMPAT_BIN)/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_BIN)/python -m pip install -q --disable-pip-version-check -c tests/compat/constraints.txt -e '.[test]'
+	$(COMPAT_BIN)/python -m pip check
+	touch $@
 
 # Debian packages (ZooKeeper, Redis, Java, docker-compose, Curator): checked every run, installed only when missing.
 system-deps:

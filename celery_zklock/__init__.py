@@ -1,5 +1,9 @@
 """celery-zklock: Celery tasks under ZooKeeper locks."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from celery_zklock.errors import (
     ConfigurationError,
     LockBusy,
@@ -8,11 +12,13 @@ from celery_zklock.errors import (
     ZkLockError,
     ZooKeeperUnavailable,
 )
-from celery_zklock.fence import RedisFence
 from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import Lease, LimitMismatch, Mutex, ReadWriteLock, Semaphore
 from celery_zklock.policy import is_skipped
 from celery_zklock.task import ZkLockTask
+
+if TYPE_CHECKING:
+    from celery_zklock.fence import RedisFence as RedisFence
 
 __all__ = [
     "ConfigurationError",
@@ -24,10 +30,20 @@ __all__ = [
     "LockTimeout",
     "Mutex",
     "ReadWriteLock",
-    "RedisFence",
     "Semaphore",
     "ZkLockError",
     "ZkLockTask",
     "ZooKeeperUnavailable",
     "is_skipped",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # RedisFence needs the redis client (the `redis` extra), which the rest of the library does
+    # not: it is imported on first use, so `import celery_zklock` works without redis. It is left
+    # out of __all__ so that `from celery_zklock import *` does too.
+    if name == "RedisFence":
+        from celery_zklock.fence import RedisFence
+
+        return RedisFence
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

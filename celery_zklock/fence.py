@@ -39,6 +39,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+try:
+    import redis as _redis  # noqa: F401  (RedisFence takes a redis-py client: say so at import)
+except ImportError as exc:
+    raise ImportError(
+        "celery_zklock.RedisFence needs the redis client, which is not installed: "
+        "pip install celery-zklock[redis]"
+    ) from exc
+
 __all__ = ["FenceOutcome", "FenceStats", "RedisFence"]
 
 # KEYS: tokens hash, values hash, counters hash. ARGV: key, token (decimal digits), value.
