@@ -17,6 +17,7 @@ When a held lock counts as lost is the lease clock's business: see
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import socket
@@ -41,6 +42,8 @@ CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
 """``zklock_acl="creator"``: the authenticated identity that created a node may do anything
 with it; anyone may read it (operators see who holds what)."""
 TLS_PROBE_TIMEOUT = 5.0
+KAZOO_CHECKS_HOSTNAMES = "check_hostname" in inspect.signature(KazooClient.__init__).parameters
+"""kazoo 2.11 added ``check_hostname``; older ones (2.9, 2.10) verify certificates only."""
 NAME_MISMATCH_CODES = frozenset({62, 64})
 """OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH."""
 
@@ -131,8 +134,15 @@ def new_client(config: ClientConfig) -> KazooClient:
             keyfile_password=config.keyfile_password,
             ca=config.ca,
             verify_certs=config.verify_certs,
-            check_hostname=config.check_hostname,
         )
+        if KAZOO_CHECKS_HOSTNAMES:
+            kwargs["check_hostname"] = config.check_hostname
+        elif config.check_hostname:
+            raise ConfigurationError(
+                "zklock_ssl_check_hostname needs kazoo 2.11 or later (this kazoo cannot check "
+                "a server's hostname): upgrade kazoo, or set zklock_ssl_check_hostname=False "
+                "(env ZKLOCK_SSL_CHECK_HOSTNAME=false) to verify the certificate only"
+            )
     if config.sasl:
         kwargs["sasl_options"] = dict(config.sasl)
     return KazooClient(

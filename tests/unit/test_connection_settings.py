@@ -3,6 +3,7 @@ variable, in one documented format, and every bad one refused with what to do.""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,12 @@ from kazoo.security import ACL, make_digest_acl
 
 from celery_zklock.config import client_config
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import CREATOR_ACL, ClientConfig, new_client
+from celery_zklock.session import (
+    CREATOR_ACL,
+    KAZOO_CHECKS_HOSTNAMES,
+    ClientConfig,
+    new_client,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -135,12 +141,17 @@ def test_the_client_gets_the_acl_auth_sasl_and_tls_settings(tmp_path: Path) -> N
         zklock_ssl_ca=str(ca),
         zklock_ssl_keyfile_password="kp",
     )
+    if not KAZOO_CHECKS_HOSTNAMES:  # kazoo < 2.11: hostname checking refused, not dropped
+        with pytest.raises(ConfigurationError, match=r"check_hostname needs kazoo 2.11"):
+            new_client(c)
+        c = dataclasses.replace(c, check_hostname=False)
     client = new_client(c)
     try:
         assert client.default_acl == list(CREATOR_ACL)
         assert client.auth_data == {("digest", "alice:pw")}
         assert client._connection.sasl_options == dict(c.sasl)
-        assert client.use_ssl and client.check_hostname and client.ca == str(ca)
+        assert client.use_ssl and client.ca == str(ca)
+        assert getattr(client, "check_hostname", False) == KAZOO_CHECKS_HOSTNAMES
         assert client.keyfile_password == "kp"
     finally:
         client.close()
