@@ -77,6 +77,13 @@ __all__ = [
 POLL: Final = 0.25
 RESULT_KEY_PREFIX: Final = str(KeyValueStoreBackend.task_keyprefix)
 RESERVE_SHARE: Final = 0.25
+"""The last quarter of the plan is a reserve: while faults are still due it keeps sections open
+for them to aim at, instead of running out on the schedule."""
+RESERVE_IN_FLIGHT: Final = 2
+"""Reserve tasks in flight at once while faults are due (not every slot: it must last)."""
+RESERVE_HOLD_MS: Final = 2000
+"""Least hold of a reserve task sent while faults are due: with the usual few hundred ms the
+reserve was spent in a couple of seconds, and the last faults of a slow run found no holder."""
 DEFAULT_SYNC_LIMIT: Final = 5
 # Rough seconds one fault takes (plus the session timeout for the ones that wait for an expiry),
 # to size the default duration of a run with faults.
@@ -273,12 +280,17 @@ def _send_all(
             due = started + duration * index / len(plan)
             if stop.wait(max(0.0, due - time.monotonic())):
                 return
+            hold_ms = item.hold_ms
             if reserve_from is not None and index >= reserve_from:
-                while faults_pending() and progress.in_flight() >= min_in_flight:
+                while faults_pending() and progress.in_flight() >= min(
+                    min_in_flight, RESERVE_IN_FLIGHT
+                ):
                     if stop.wait(POLL):
                         return
+                if faults_pending():
+                    hold_ms = max(hold_ms, RESERVE_HOLD_MS)
             result = app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
-                (run_id, item.key, item.hold_ms),
+                (run_id, item.key, hold_ms),
                 zklock={"on_busy": item.on_busy, "timeout": config.wait_timeout},
             )
             with progress.lock:

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import Lease, ZkLockTask, signals
 from celery_zklock import run as run_module
-from tests.lockutil import expire_session, expire_session_id, wait_for
+from tests.lockutil import expire_session, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import contenders, workers
 
@@ -114,9 +114,18 @@ def test_soft_time_limit_while_a_copy_awaits_its_original_leaves_no_lock_behind(
         wait_for(lambda: read_records(tmp / "starts-sc"), 30, "the first run to start")
         (first,) = read_records(tmp / "starts-sc")
         os.kill(first["pid"], signal.SIGKILL)
-        wait_for(lambda: "event=same-delivery-waits" in worker.log_text(), 10, "the copy to wait")
-        # end the dead child's session now: its node goes, the copy goes on to the result check
-        expire_session_id(zk_hosts, first["session_id"], bytes.fromhex(first["password"]))
+        # Hold the dead child's session (and its node) until the copy waits on it: under load the
+        # copy came back after the session timeout, found no node, and never waited.
+        twin = KazooClient(
+            zk_hosts, client_id=(first["session_id"], bytes.fromhex(first["password"]))
+        )
+        twin.start(timeout=15)
+        try:
+            wait_for(lambda: "event=same-delivery-waits" in worker.log_text(), 60, "the copy")
+        finally:
+            # end the dead child's session now: its node goes, the copy goes on to the result check
+            twin.stop()
+            twin.close()
         with pytest.raises(Exception, match="SoftTimeLimitExceeded"):
             result.get(timeout=30)
         wait_for(lambda: not contenders(zk_client, "late"), 2, "no lock node left")
