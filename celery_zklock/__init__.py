@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from celery_zklock.dedupe import AlreadyQueued
 from celery_zklock.errors import (
     ConfigurationError,
     LockBusy,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from celery_zklock.fence import RedisFence as RedisFence
 
 __all__ = [
+    "AlreadyQueued",
     "ConfigurationError",
     "Lease",
     "LimitMismatch",

@@ -48,9 +48,11 @@ from kazoo.exceptions import (
     UnimplementedError,
 )
 
+from celery_zklock.config import settings_of
 from celery_zklock.errors import ZkLockError
 from celery_zklock.locks import adapter
 from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.session import get_client
 
 __all__ = ["AlreadyQueued", "Dedupe", "claim", "enqueue_once", "marker_path", "release"]
 
@@ -100,9 +102,6 @@ def enqueue_once(
     message of ``lock_path``'s key still counts; then that message's ``AsyncResult``, or
     ``AlreadyQueued`` with ``options.dedupe_raise``. The marker is removed again if the send
     fails, so a failed call leaves nothing behind."""
-    from celery_zklock.config import settings_of  # here: config imports this module's users
-    from celery_zklock.session import get_client
-
     client = get_client(settings_of(task.app).client)
     owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task))
     if owner is not None:
