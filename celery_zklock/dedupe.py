@@ -33,6 +33,7 @@ mid-run leaves the state ``STARTED`` (or ``PENDING``): the same bound.
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 import weakref
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from celery_zklock.config import settings_of
 from celery_zklock.errors import ZkLockError
 from celery_zklock.locks import adapter
 from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.locks.queue import make_containers
 from celery_zklock.session import get_client
 
 __all__ = ["AlreadyQueued", "Dedupe", "claim", "enqueue_once", "marker_path", "release"]
@@ -210,7 +212,8 @@ def _create(client: KazooClient, path: str, data: bytes, ttl: float) -> bool:
         except NodeExistsError:
             return False
         except NoNodeError:
-            _ensure_parent(client, path)  # the parent is a container: it may have been reaped
+            # The parent is a container: it may have been reaped.
+            make_containers(client, posixpath.dirname(path), Deadline(CALL_TIMEOUT))
     raise ZkLockError(f"could not create the dedupe marker {path}: its parent kept vanishing")
 
 
@@ -226,16 +229,3 @@ def _create_once(client: KazooClient, path: str, data: bytes, ttl: float) -> Non
         except UnimplementedError:
             _ttl_unsupported.add(client)
     client.create(path, data)
-
-
-def _ensure_parent(client: KazooClient, path: str) -> None:
-    parts = [p for p in path.split("/")[:-1] if p]
-    for i in range(len(parts)):
-        try:
-            wait_result(
-                adapter.create_container_async(client, "/" + "/".join(parts[: i + 1])),
-                Deadline(CALL_TIMEOUT),
-                "create the marker's parents",
-            )
-        except NodeExistsError:
-            continue

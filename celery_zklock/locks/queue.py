@@ -267,15 +267,7 @@ class ContenderQueue:
                 continue
 
     def _make_parents(self, io: Deadline) -> None:
-        """Create every ancestor of the lock path as a container, pipelined, in one round trip."""
-        parts = self.path.strip("/").split("/")
-        pending = [
-            adapter.create_container_async(self.client, "/" + "/".join(parts[: i + 1]))
-            for i in range(len(parts))
-        ]
-        for result in pending:
-            with suppress(NodeExistsError):
-                wait_result(result, io, f"creating the parents of {self.path}")
+        make_containers(self.client, self.path, io)
 
     # -- wait ------------------------------------------------------------------------------
     def await_grant(self, created: Created, blocking: bool, wait: Deadline, io: Deadline) -> bool:
@@ -454,3 +446,15 @@ def _first_child_ever(path: str) -> bool:
     contender can come before it."""
     contender = parse_child(path.rsplit("/", 1)[1])
     return contender is not None and contender.seq == 0
+
+
+def make_containers(client: Any, path: str, io: Deadline) -> None:
+    """Create ``path`` and every ancestor as container nodes, pipelined, in one round trip."""
+    parts = path.strip("/").split("/")
+    pending = [
+        adapter.create_container_async(client, "/" + "/".join(parts[: i + 1]))
+        for i in range(len(parts))
+    ]
+    for result in pending:
+        with suppress(NodeExistsError):
+            wait_result(result, io, f"creating the parents of {path}")
