@@ -1,7 +1,7 @@
 """pytest-celery's Docker set-up on our images (celery_zklock.testing.containers): a worker
 container of the fleet image runs the fleet's locked task against a ZooKeeper container, with
 Redis containers as broker and backend. Images missing here are built first; skipped, with the
-reason, only where no Docker engine answers."""
+reason, only where no Docker engine can be had; a ``dockerd`` this run starts it stops again."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 import docker
 import pytest
 import redis
-import requests
 from kazoo.client import KazooClient
 from pytest_celery import CeleryTestSetup
 
-from workers.compose import IMAGES, build_images
+from workers.compose import IMAGES, DockerEngine, build_images
 from workers.record import SectionRecorder
 from workers.tasks import EXCLUSIVE_TASK
 
@@ -32,21 +31,29 @@ HOLD_MS = 1000
 RESULT_TIMEOUT = 60.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fleet_images() -> Iterator[None]:
-    """Skip without a Docker engine; build the fleet's images if one is missing."""
+@pytest.fixture(scope="session")
+def docker_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[docker.DockerClient]:
+    """pytest-docker-tools' client, on an engine this run starts if none runs (and stops again),
+    with the fleet's images built if one is missing; skipped only where no engine can be had.
+
+    It overrides pytest-docker-tools' session fixture of that name, which every container fixture
+    depends on, so the engine is up before pytest-celery's fixtures first ask for it.
+    """
+    reason = DockerEngine.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no Docker engine: {reason}")
+    engine = DockerEngine.ensure(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
     try:
-        client = docker.from_env(timeout=20)
-        client.ping()
-    except (docker.errors.DockerException, requests.RequestException) as exc:
-        pytest.skip(f"no Docker engine reachable: {exc}")
-    try:
-        local = {tag for image in client.images.list() for tag in image.tags}
-        if not set(IMAGES.values()) <= local:
-            build_images()
-        yield
+        client = docker.from_env(timeout=60)
+        try:
+            local = {tag for image in client.images.list() for tag in image.tags}
+            if not set(IMAGES.values()) <= local:
+                build_images()
+            yield client
+        finally:
+            client.close()
     finally:
-        client.close()
+        engine.close()
 
 
 @pytest.fixture
