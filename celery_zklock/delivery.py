@@ -46,6 +46,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import states
@@ -173,19 +174,20 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
         return True
 
 
-def identity(task: Any) -> bytes:
-    """What a run stores in its contender node: who it is, as JSON (also for operators)."""
-    request = task.request
-    return json.dumps(
-        {
-            "task_id": request.id,
-            "task": task.name,
-            "retries": request.retries or 0,
-            "worker": request.hostname or socket.gethostname(),
-            "pid": os.getpid(),
-        },
-        separators=(",", ":"),
+def identity(task: Any, request: Any = None) -> bytes:
+    """What a run stores in its contender node: who it is, as JSON (also for operators);
+    ``request`` is the run's (default ``task.request``)."""
+    request = task.request if request is None else request
+    # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run.
+    return (
+        f'{{"task_id":{_json(request.id)},"task":{_json(task.name)},'
+        f'"retries":{int(request.retries or 0)},'
+        f'"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}'
     ).encode()
+
+
+def _json(value: Any) -> str:
+    return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
 
 
 def await_original(

@@ -31,16 +31,18 @@ def emit(task: Any, event: str, path: str, *, task_id: Any, **fields: Any) -> No
     """Log ``event`` of ``task``'s run ``task_id`` on lock ``path`` and send its signal.
 
     ``task_id`` is explicit: the lost event is emitted from the lease clock's thread, where
-    ``task.request`` is not the run's.
+    ``task.request`` is not the run's. Nothing is built for a log level that is off or a
+    signal without receivers: this runs twice per locked task.
     """
-    record = {"task_id": task_id, **fields, "task": task.name, "path": path}
-    text = " ".join(
-        f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
-    )
     level = logging.WARNING if event in _WARNINGS else logging.INFO
-    logger.log(
-        level, "zklock event=%s %s", event, text, extra={"zklock": {"event": event, **record}}
-    )
+    if logger.isEnabledFor(level):
+        record = {"task_id": task_id, **fields, "task": task.name, "path": path}
+        text = " ".join(
+            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+        )
+        logger.log(
+            level, "zklock event=%s %s", event, text, extra={"zklock": {"event": event, **record}}
+        )
     signal = SIGNALS.get(event)
-    if signal is not None:
+    if signal is not None and signal.receivers:
         signal.send(sender=task, task_id=task_id, path=path, **fields)

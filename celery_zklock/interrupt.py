@@ -68,6 +68,17 @@ def interrupt_signal() -> signal.Signals | int:
     Raises :class:`~celery_zklock.errors.ConfigurationError` naming the variable, the value and
     the allowed choices.
     """
+    setting = (os.environ.get(SIGNAL_ENV), os.environ.get(LEGACY_SIGNAL_ENV))
+    known = _signal_of_setting.get(setting)
+    if known is None:  # parsed once per value: every locked run on a main thread asks
+        known = _signal_of_setting[setting] = _parse_signal()
+    return known
+
+
+_signal_of_setting: dict[tuple[str | None, str | None], signal.Signals | int] = {}
+
+
+def _parse_signal() -> signal.Signals | int:
     env = SIGNAL_ENV if SIGNAL_ENV in os.environ else LEGACY_SIGNAL_ENV
     name = os.environ.get(env, DEFAULT_SIGNAL).strip().upper()
     if name == DEFAULT_SIGNAL:

@@ -296,14 +296,29 @@ def _on_released(sender: Any = None, **kwargs: Any) -> None:
         )
 
 
-signals.lock_acquired.connect(_on_acquired, weak=False, dispatch_uid="zklock-metrics")
-signals.lock_busy.connect(_on_busy, weak=False, dispatch_uid="zklock-metrics")
-signals.lock_lost.connect(_on_lost, weak=False, dispatch_uid="zklock-metrics")
-signals.lock_released.connect(_on_released, weak=False, dispatch_uid="zklock-metrics")
-# A wait that reached lock_timeout is told by its own signal, where the library sends one.
-_timeout_signal = getattr(signals, "lock_timeout", None)
-if _timeout_signal is not None:
-    _timeout_signal.connect(_on_timeout, weak=False, dispatch_uid="zklock-metrics")
+_RECEIVERS: Final = (
+    (signals.lock_acquired, _on_acquired),
+    (signals.lock_busy, _on_busy),
+    (signals.lock_lost, _on_lost),
+    (signals.lock_released, _on_released),
+    (signals.lock_timeout, _on_timeout),
+)
+
+
+def use_recorder(recorder: Recorder | None) -> None:
+    """Record the lock signals of this process with ``recorder`` (None: stop recording).
+
+    The receivers are connected only while there is a recorder: a signal without receivers
+    costs a locked task nothing (celery_zklock.events skips the send), and most workers do not
+    serve metrics.
+    """
+    global _recorder
+    _recorder = recorder
+    for signal, receiver in _RECEIVERS:
+        if recorder is None:
+            signal.disconnect(receiver, dispatch_uid="zklock-metrics")
+        else:
+            signal.connect(receiver, weak=False, dispatch_uid="zklock-metrics")
 
 
 # -- serving ----------------------------------------------------------------------------
@@ -446,16 +461,16 @@ def serve(conf: Mapping[str, Any], *, multiprocess: bool) -> tuple[str, int] | N
         raise
     _serving = _Serving(httpd, thread, addr, port, path, made_dir, previous)
     _multiproc_dir = path
-    _recorder = recorder
+    use_recorder(recorder)
     return addr, port
 
 
 def stop() -> None:
     """Stop recording and serving (no-op if not serving); remove the multiprocess directory
     :func:`serve` made and restore ``PROMETHEUS_MULTIPROC_DIR``."""
-    global _recorder, _serving, _multiproc_dir
+    global _serving, _multiproc_dir
     serving, _serving = _serving, None
-    _recorder = None
+    use_recorder(None)
     _multiproc_dir = None
     if serving is None:
         return
@@ -527,7 +542,7 @@ def _on_worker_process_init(**_: Any) -> None:
     if path and os.environ.get(MULTIPROC_ENV) == path:  # spawned by a prefork worker
         try:
             _use_multiprocess_values()
-            _recorder = Recorder(registry=None)
+            use_recorder(Recorder(registry=None))
             _multiproc_dir = path
         except ImportError:
             logger.warning("celery-zklock metrics: prometheus-client is not importable here")

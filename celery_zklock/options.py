@@ -17,13 +17,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder, LockKeySpec, check_lock_key_spec
 from celery_zklock.validate import forbidden_in_znode, positive_int, seconds
 
 __all__ = [
+    "CALL_OPTION",
     "CALL_OVERRIDES",
     "DEDUPE_MODES",
     "DEFAULT_DEDUPE_TTL",
@@ -50,6 +51,7 @@ __all__ = [
     "OptionRule",
     "check_lock_name",
     "options_from_task",
+    "request_overrides",
     "with_call_overrides",
 ]
 
@@ -415,3 +417,16 @@ class TaskLockSpec:
         if overrides is None:
             return self.options
         return with_call_overrides(self.options, self.task_name, overrides)
+
+
+CALL_OPTION: Final = "zklock"
+"""The ``apply_async`` keyword (and message header) of a call's lock option overrides."""
+
+
+def request_overrides(request: Any) -> Mapping[str, Any] | None:
+    """The per-call ``zklock`` overrides a request carries, if any (in a worker a message's
+    custom headers become request attributes; elsewhere they stay in ``headers``)."""
+    overrides = getattr(request, CALL_OPTION, None)
+    if overrides is None:
+        overrides = (getattr(request, "headers", None) or {}).get(CALL_OPTION)
+    return overrides if isinstance(overrides, Mapping) else None

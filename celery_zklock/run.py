@@ -30,8 +30,9 @@ from celery_zklock.dedupe import release as release_marker
 from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
 from celery_zklock.interrupt import Interruption, arm
-from celery_zklock.locks import Lease, Mutex, ReadWriteLock, Semaphore
-from celery_zklock.options import LockOptions, TaskLockSpec
+from celery_zklock.locks import Lease, Mutex, Semaphore
+from celery_zklock.locks.contenders import READ, WRITE
+from celery_zklock.options import LockOptions, TaskLockSpec, request_overrides
 from celery_zklock.policy import Situation, decide, skip_result
 from celery_zklock.session import get_client
 
@@ -60,10 +61,11 @@ def current_lease() -> Lease | None:
 class LockedRun:
     """One call of a locked task; see the module docstring. Use once: :meth:`run`."""
 
-    def __init__(self, task: Any, spec: TaskLockSpec, overrides: Any, args: Any, kwargs: Any):
+    def __init__(self, task: Any, spec: TaskLockSpec, args: Any, kwargs: Any):
         request = task.request
         self.task = task
-        self.options: LockOptions = spec.for_call(overrides)
+        self.request = request  # read once: each task.request is a lookup in a local stack
+        self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
         self.path = call_path(task.app, spec, self.options, args, kwargs)
         self.task_id = request.id
@@ -97,9 +99,9 @@ class LockedRun:
         if self.options.mode == "semaphore":
             assert self.options.limit is not None  # LockOptions requires it with this mode
             side = Semaphore(client, self.path, self.options.limit)
-        else:
-            rw = ReadWriteLock(client, self.path)
-            side = rw.write if self.options.mode == "exclusive" else rw.read
+        else:  # one side of the path's ReadWriteLock
+            kind = WRITE if self.options.mode == "exclusive" else READ
+            side = Mutex(client, self.path, kind=kind)
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
@@ -167,8 +169,8 @@ class LockedRun:
 
     def _acquire_by_policy(self, client: KazooClient, side: Mutex) -> Any:
         task, path = self.task, self.path
-        identity = delivery.identity(task)
-        request = task.request
+        request = self.request
+        identity = delivery.identity(task, request)
         retries = request.retries or 0
         # A message handed out again may be a copy of a run that already finished.
         settled = not (request.delivery_info or {}).get("redelivered")
@@ -241,11 +243,10 @@ class LockedRun:
         emit(task, "acquired", path, task_id=task_id, token=lease.token, mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
-        telling, told = threading.Event(), threading.Event()
+        told = threading.Event()
 
         def on_lost(reason: str) -> None:
             # The lease clock's thread: interrupt first, then tell (log, receivers).
-            telling.set()
             self.lost_told = True
             try:
                 if interruption is not None:
@@ -273,7 +274,7 @@ class LockedRun:
                 lease.remove_on_lost(on_lost)
                 if stack and stack[-1] is lease:
                     stack.pop()
-                if telling.is_set():  # receivers hear "lost" before "released"
+                if self.lost_told:  # receivers hear "lost" before "released"
                     told.wait(LOST_TELL_WAIT)
 
     def _release(self) -> None:

@@ -115,9 +115,9 @@ def _make_handler(name: str) -> Any:
         from kazoo.handlers.gevent import SequentialGeventHandler
 
         return SequentialGeventHandler()
-    from kazoo.handlers.threading import SequentialThreadingHandler
+    from celery_zklock.kazoo_handler import PollingThreadingHandler
 
-    return SequentialThreadingHandler()
+    return PollingThreadingHandler()
 
 
 def new_client(config: ClientConfig) -> KazooClient:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from celery import Task, uuid
@@ -26,6 +25,7 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease
 from celery_zklock.options import (
+    CALL_OPTION,
     DEFAULT_DEDUPE_TTL,
     DEFAULT_MODE,
     DEFAULT_ON_BUSY,
@@ -37,6 +37,7 @@ from celery_zklock.options import (
     LockOptions,
     TaskLockSpec,
     options_from_task,
+    request_overrides,
     with_call_overrides,
 )
 from celery_zklock.policy import is_skipped
@@ -45,9 +46,7 @@ from celery_zklock.session import close_clients
 
 __all__ = ["CALL_OPTION", "ZkLockTask", "is_skipped"]
 
-CALL_OPTION = "zklock"
 _APPLY_ASYNC_POSITIONAL = ("task_id", "producer", "link", "link_error", "shadow")
-"""The ``apply_async`` keyword (and message header) of a call's lock option overrides."""
 
 
 class ZkLockTask(Task):  # type: ignore[misc]
@@ -147,7 +146,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Celery's ``signature_from_request`` (used by ``self.retry()``), keeping ``zklock``:
         in a worker the message's custom headers become request attributes, not headers."""
         signature = super().signature_from_request(request, args, kwargs, **options)
-        overrides = _request_overrides(self.request if request is None else request)
+        overrides = request_overrides(self.request if request is None else request)
         if overrides is not None:
             headers = signature.options.get("headers") or {}
             signature.options["headers"] = {**headers, CALL_OPTION: dict(overrides)}
@@ -163,9 +162,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return lease
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = LockedRun(
-            self, self._zklock_compile(), _request_overrides(self.request), args, kwargs
-        )
+        run = LockedRun(self, self._zklock_compile(), args, kwargs)
         return run.run(functools.partial(super().__call__, *args, **kwargs))
 
     # -- operating -----------------------------------------------------------------------
@@ -177,14 +174,6 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Who holds the lock a call with these arguments takes, or None; the first holder
         of a shared lock (all of them: :func:`celery_zklock.holders.lock_holders`)."""
         return holders.lock_holder(self, args, kwargs)
-
-
-def _request_overrides(request: Any) -> Mapping[str, Any] | None:
-    """The per-call ``zklock`` overrides a request carries, if any."""
-    overrides = getattr(request, CALL_OPTION, None)
-    if overrides is None:
-        overrides = (getattr(request, "headers", None) or {}).get(CALL_OPTION)
-    return overrides if isinstance(overrides, Mapping) else None
 
 
 def _signature_of_run(cls: type) -> inspect.Signature:

@@ -20,7 +20,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
-from celery_zklock.task import _request_overrides
+from celery_zklock.options import request_overrides
 from celery_zklock.testing.witness import Witness
 from tests.lockutil import task_client
 
@@ -137,7 +137,7 @@ def retry_once(self: Any, key: str) -> dict[str, Any]:
     _append(
         DIR / f"attempts-{key}",
         {"retries": self.request.retries, "token": self.lock.token,
-         "on_busy": self._zklock_compile().for_call(_request_overrides(self.request)).on_busy},
+         "on_busy": self._zklock_compile().for_call(request_overrides(self.request)).on_busy},
     )  # fmt: skip
     if self.request.retries == 0:
         raise self.retry(countdown=0)

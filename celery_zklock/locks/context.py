@@ -25,6 +25,7 @@ and spawn work.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -114,6 +115,8 @@ class ClientContext:
         self._next_renewal = math.inf
         self._renewal_outstanding = False
         self._renewer_running = False
+        #: When the renewer will next wake by itself; inf while it is working out when.
+        self._renewer_wakes_at = math.inf
         self._renew_event = client.handler.event_object()
         self._forced_reconnect = False
         client.add_listener(self._on_state)
@@ -142,7 +145,7 @@ class ClientContext:
 
     @property
     def timing(self) -> LeaseTiming:
-        return LeaseTiming(self.session_timeout)
+        return _timing(self.session_timeout)
 
     def check_usable(self) -> None:
         """Raise :class:`ZooKeeperUnavailable` at once for a client that cannot send at all."""
@@ -251,12 +254,15 @@ class ClientContext:
             self._unwatched[held] = now
             start = not self._renewer_running
             self._renewer_running = True
+            # Waking the renewer is a thread hand-off per grant; it is needed only when it
+            # would otherwise sleep past the first renewal (an idle renewer wakes every R).
+            wake = self._renewer_wakes_at > self._next_renewal
         current = self.session_id()
         if current is not None and current != held.session_id:
             self.declare_lost("the ZooKeeper session changed", only_session=held.session_id)
         if start:
             self.handler.spawn(self._renew_loop)
-        else:
+        elif wake:
             self._renew_event.set()
 
     def untrack(self, held: Timed) -> None:
@@ -294,6 +300,7 @@ class ClientContext:
             now = time.monotonic()
             timing = self.timing if client is not None else None
             with self.lock:
+                self._renewer_wakes_at = math.inf
                 if client is None or timing is None:
                     self._renewer_running = False
                     return
@@ -310,7 +317,8 @@ class ClientContext:
                 next_renewal = self._next_renewal
             if not holding:
                 assert idle_since is not None
-                wake_at = idle_since + timing.session_timeout
+                # Lingering, it looks every R, so a new grant need not wake it (see track).
+                wake_at = min(idle_since + timing.session_timeout, now + timing.renew_interval)
             elif now >= valid_until:
                 self.declare_lost(self._expired_reason())
                 continue
@@ -321,6 +329,8 @@ class ClientContext:
                     outstanding = True
                 wake_at = valid_until if outstanding else min(valid_until, self._next_renewal)
             del client
+            with self.lock:
+                self._renewer_wakes_at = wake_at
             event.wait(max(0.0, wake_at - time.monotonic()))
             event.clear()
 
@@ -565,6 +575,11 @@ class ClientContext:
 
 _contexts: weakref.WeakKeyDictionary[KazooClient, ClientContext] = weakref.WeakKeyDictionary()
 _contexts_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=64)
+def _timing(session_timeout: float) -> LeaseTiming:
+    return LeaseTiming(session_timeout)
 
 
 def context_for(client: KazooClient) -> ClientContext:

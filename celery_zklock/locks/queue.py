@@ -121,12 +121,8 @@ class ContenderQueue:
             epoch = context.epoch
             sent_at = time.monotonic()
             parent = None if parent_known else adapter.create_container_async(client, self.path)
-            created = client.create_async(
-                f"{self.path}/{prefix}{self.lock_kind.marker}",
-                data,
-                ephemeral=True,
-                sequence=True,
-                include_data=True,
+            created = adapter.create_node_async(
+                client, f"{self.path}/{prefix}{self.lock_kind.marker}", data
             )
             # Under a parent we may be creating right now our node is most likely its first
             # child ever (sequence 0), which holds whatever else comes: list the children in
@@ -135,7 +131,8 @@ class ContenderQueue:
             limit_read = client.get_async(self.path) if self.lock_kind.limit else None
             what = f"creating a contender under {self.path}"
             try:
-                path, stat = wait_result(created, io, what)
+                full_path, stat = wait_result(created, io, what)
+                path = client.unchroot(full_path)
                 if limit_read is not None:
                     self._agree_on_limit(prefix, wait_result(limit_read, io, what), io)
                 if listing is not None:

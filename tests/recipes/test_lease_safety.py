@@ -15,6 +15,8 @@ Scenarios:
 * b. as a, and another thread sends one request on the holder's client every T/4 throughout;
 * c. the holder asks for 20 s, the server caps sessions at 4 s, and the holder's client is
   started before the first ``Mutex`` object exists;
+* e. as a, but the holder's client held and released another lock just before: its lease clock's
+  renewer is lingering idle when the trial's lease is granted (a worker between two tasks);
 * d. 3-member ensemble (tick 1 s, syncLimit 5), T = 2 s, the holder connected only to a
   follower, the waiter to the leader; the follower is cut off from the other members while
   the holder-follower link stays up.
@@ -136,8 +138,10 @@ class Trial:
         waiter_hosts: str,
         holder_timeout: float,
         traffic_every: float | None = None,
+        warm: bool = False,
     ) -> None:
         self.outcome = Outcome(index)
+        self.warm = warm
         self.path = f"{LOCK_PARENT}/trial-{index}-{random.getrandbits(32):08x}"
         self.holder_hosts = holder_hosts
         self.waiter_hosts = waiter_hosts
@@ -158,6 +162,8 @@ class Trial:
 
     def prepare(self) -> None:
         self.holder = _start_client(self.holder_hosts, self.holder_timeout)
+        if self.warm:  # the renewer, started by this lease, lingers after its release
+            Mutex(self.holder, f"{self.path}-before").acquire(timeout=SETUP_BOUND).release()
         self.lease = Mutex(self.holder, self.path).acquire(timeout=SETUP_BOUND)
         self.lease.on_lost(self._on_lost)
         self.waiter = _start_client(self.waiter_hosts, 10.0)
@@ -309,6 +315,7 @@ def _blackhole_scenario(
     session_timeout: float,
     traffic_every: float | None = None,
     max_session_timeout_ms: int = 60_000,
+    warm: bool = False,
 ) -> None:
     """Trials whose holder reaches a standalone server through a proxy that turns silent.
 
@@ -321,7 +328,7 @@ def _blackhole_scenario(
         count = min(TRIALS - valid(outcomes), MAX_TRIALS - first)
         outcomes += _blackhole_round(
             name, server, range(first, first + count), requested_timeout, session_timeout,
-            traffic_every,
+            traffic_every, warm,
         )  # fmt: skip
     _report(name, outcomes, capsys)
 
@@ -333,6 +340,7 @@ def _blackhole_round(
     requested_timeout: float,
     session_timeout: float,
     traffic_every: float | None,
+    warm: bool,
 ) -> list[Outcome]:
     """One round of concurrent black-hole trials; their outcomes."""
     proxies = {index: TcpProxy("127.0.0.1", server.port).start() for index in indices}
@@ -343,6 +351,7 @@ def _blackhole_round(
             waiter_hosts=server.hosts,
             holder_timeout=requested_timeout,
             traffic_every=traffic_every,
+            warm=warm,
         )
         for index, proxy in proxies.items()
     ]
@@ -374,6 +383,17 @@ def test_a_idle_holder_behind_black_hole(
     """a: T = 4 s, holder idle, silent partition: told before the waiter is granted."""
     _blackhole_scenario(
         "a-idle", zk_stack_factory, capsys, requested_timeout=4.0, session_timeout=4.0
+    )
+
+
+@pytest.mark.slow
+def test_e_holder_granted_while_its_renewer_lingers_idle(
+    zk_stack_factory: StackFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """e: as a, the lease granted while the client's renewer lingers after an earlier lease
+    (it is not woken for the grant; it must still renew, and tell the loss, in time)."""
+    _blackhole_scenario(
+        "e-warm", zk_stack_factory, capsys, requested_timeout=4.0, session_timeout=4.0, warm=True
     )
 
 

@@ -244,10 +244,11 @@ def test_break_of_a_holder_that_does_not_let_go_needs_force(
     assert "DELETED by force" in forced.output and zk_client.exists(lease.node) is None
     wait_for(lambda: lease.lost, 5, "the holder to count its lease lost")
     lease.release()
-    # A Curator holder (its IP as data) cannot hear a request: only --force deletes it.
+    # A Curator holder (its IP as data) cannot hear a request: only --force deletes it. The
+    # lock's container may have been reaped once empty: makepath makes it again.
     curator = zk_client.create(
         f"{lock_root}/_c_8a0f5a0e-1c2b-4d3e-8f40-5a6b7c8d9e0f-lock-", b"10.0.0.7",
-        ephemeral=True, sequence=True,
+        ephemeral=True, sequence=True, makepath=True,
     )  # fmt: skip
     deaf = invoke("break", lock_root, "--yes")
     assert deaf.exit_code == 1 and "cannot hear a break request" in deaf.output

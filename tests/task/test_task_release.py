@@ -56,15 +56,12 @@ def test_lease_lost_before_the_body_started_is_released_and_retried(
     app: Celery, zk_hosts: str, zk_client: KazooClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lost: list[int] = []
-    real = run_module.ReadWriteLock
+    real = run_module.Mutex
 
-    class LosingLock:
-        def __init__(self, client: KazooClient, path: str) -> None:
-            rw = real(client, path)
-            self.read = _LosesTheFirstGrant(rw.read, client, zk_hosts, lost)
-            self.write = _LosesTheFirstGrant(rw.write, client, zk_hosts, lost)
+    def losing_side(client: KazooClient, path: str, **kwargs: Any) -> _LosesTheFirstGrant:
+        return _LosesTheFirstGrant(real(client, path, **kwargs), client, zk_hosts, lost)
 
-    monkeypatch.setattr(run_module, "ReadWriteLock", LosingLock)
+    monkeypatch.setattr(run_module, "Mutex", losing_side)
     runs: list[tuple[int, int]] = []
     released: list[int] = []
 

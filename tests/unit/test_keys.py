@@ -86,6 +86,30 @@ def test_all_arguments_call_forms_give_one_key() -> None:
     assert keys((43,), {}) not in results
 
 
+def test_binding_without_signature_bind_agrees_with_it() -> None:
+    """Calls of a plain signature are bound without ``Signature.bind``; every call form, fitting
+    or not, gives what ``Signature.bind`` gives: the same key, or the same TypeError."""
+
+    def task(a: int, b: int = 2, c: str = "x") -> None: ...
+
+    keys = builder(task, None)
+    signature = inspect.signature(task)
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = [
+        ((1,), {}), ((1, 3), {}), ((1, 3, "y"), {}), ((), {"a": 1}), ((1,), {"c": "z"}),
+        ((), {"c": "z", "a": 1, "b": 5}), ((1, 2, "y", 4), {}), ((), {}), ((1,), {"a": 1}),
+        ((1,), {"d": 4}), ((), {"b": 3}), ((1, 2), {"b": 2}),
+    ]  # fmt: skip
+    for args, kwargs in calls:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            with pytest.raises(TypeError, match=re.escape(str(exc))):
+                keys(args, kwargs)
+            continue
+        bound.apply_defaults()
+        assert keys(args, kwargs) == key_for_value(dict(bound.arguments)), (args, kwargs)
+
+
 def test_all_arguments_is_the_key_of_the_bound_dict() -> None:
     keys = builder(sync_account, None)
     assert keys((42,), {}) == key_for_value({"account_id": 42, "full": False})
