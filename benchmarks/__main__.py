@@ -6,7 +6,8 @@ all on one Redis; see :mod:`benchmarks.common`):
 1. :mod:`benchmarks.recipes` - uncontended acquire+release: floor, our recipes, kazoo, redis-py;
 2. :mod:`benchmarks.contention` - 8 and 32 processes on one key, ours vs kazoo's Lock;
 3. :mod:`benchmarks.herd` - notifications per release with 100/500/1,000 waiters, ours vs naive;
-4. :mod:`benchmarks.celery_fleet` - no-op task throughput on a real worker;
+4. :mod:`benchmarks.celery_fleet` - task throughput, worker CPU and span per task on a real
+   worker, ZooKeeper pinned to one CPU and the worker with Redis to the other;
 5. :mod:`benchmarks.scale` - 100,000 distinct keys, znodes left, ZooKeeper memory;
 6. :mod:`benchmarks.enqueue` - what ``apply_async`` costs the caller with enqueue-time dedupe,
    ours vs plain, celery-singleton and celery-once (no worker).
@@ -38,6 +39,7 @@ from benchmarks import celery_fleet, contention, enqueue, herd, recipes, scale
 from benchmarks.common import (
     MIN_REPEATS,
     ZK_SETTINGS,
+    ZK_SETTINGS_OF_SECTION,
     machine_info,
     progress,
     redis_server,
@@ -169,7 +171,7 @@ def _run_sections(
             progress=progress,
         ),
         "celery": lambda zk: celery_fleet.run_section(
-            zk.hosts,
+            zk,
             redis_url,
             batch=sizes.celery_batch,
             warmup=sizes.celery_warmup,
@@ -192,7 +194,7 @@ def _run_sections(
         progress(f"=== section {name}")
         started = time.monotonic()
         try:
-            with zookeeper() as zk:
+            with zookeeper(name) as zk:
                 sections[name] = runners[name](zk)
         except Exception:
             text = traceback.format_exc()
@@ -224,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": time.monotonic() - started,
         "machine": machine,
         "zookeeper_settings": ZK_SETTINGS,
+        "zookeeper_settings_of_section": ZK_SETTINGS_OF_SECTION,
         "sizes": asdict(sizes),
         "sections": sections,
         "targets": targets(sections, quick=args.quick),

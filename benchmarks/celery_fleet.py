@@ -1,81 +1,218 @@
-"""Section 4 of ``python -m benchmarks``: no-op task throughput on one real worker, plain vs
-ZkLockTask vs celery-singleton and celery-once.
+"""Section 4 of ``python -m benchmarks``: task-level speed on one real worker laid out as in
+production, plain vs ZkLockTask vs celery-singleton and celery-once.
 
-Each contender sends batches of tasks with distinct keys (no lock is ever busy) to the same
-worker and waits for every result. Method: ``docs/benchmarks.md``, section 4.
+ZooKeeper runs on a CPU of its own, the worker (prefork, concurrency 2) and Redis on the other.
+For each batch the publisher sends every task to a new queue the worker does not consume yet,
+then tells the worker to consume it (``add_consumer``) and waits: throughput is the worker's
+drain rate. Per batch: tasks/s, the worker's CPU per task (its process tree, /proc), and each
+task's span in the worker from ``task_prerun`` to ``task_postrun`` (:mod:`benchmarks.celery_app`).
+Method: ``docs/benchmarks.md``, section 4.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.result import ResultSet
 
 from benchmarks.celery_app import (
+    CPU_BODY_S,
+    CPU_PLAIN,
+    CPU_ZKLOCK_SKIP,
     ONCE,
     PLAIN,
+    QUEUE_PREFIX,
     SINGLETON,
+    SPANS_PREFIX,
     UNAVAILABLE,
+    ZKLOCK_SHARED,
     ZKLOCK_SKIP,
     ZKLOCK_WAIT,
     create_app,
 )
-from benchmarks.common import Progress, median, ratio, rotated
-from celery_zklock import is_skipped
-from celery_zklock.testing.celery_worker import CeleryWorker, celery_command
+from benchmarks.common import (
+    Progress,
+    cpu_snapshot,
+    cpu_used,
+    mntr,
+    paired,
+    percentile,
+    pin_process,
+    rotated,
+    spread,
+    taskset_unavailable,
+    thread_affinities,
+)
+from celery_zklock.session import close_clients
+from celery_zklock.testing import ZooKeeperServer
+from celery_zklock.testing.celery_worker import CeleryWorker, celery_command, wait_until_answering
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
 from workers.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-#: (label in the report, task name, package it comes from).
-CONTENDERS: tuple[tuple[str, str, str], ...] = (
-    ("plain", PLAIN, "celery"),
-    ("zklock-skip", ZKLOCK_SKIP, "celery-zklock"),
-    ("zklock-wait", ZKLOCK_WAIT, "celery-zklock"),
-    ("celery-singleton", SINGLETON, "celery-singleton"),
-    ("celery-once", ONCE, "celery-once"),
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One kind of task; ``baseline`` is the label its ratios and differences are taken to."""
+
+    label: str
+    task: str
+    package: str
+    what: str
+    baseline: str | None = "plain"
+
+
+CONTENDERS: tuple[Contender, ...] = (
+    Contender("plain", PLAIN, "celery", "plain no-op task", baseline=None),
+    Contender("zklock-skip", ZKLOCK_SKIP, "celery-zklock", 'ZkLockTask, lock_on_busy="skip"'),
+    Contender("zklock-wait", ZKLOCK_WAIT, "celery-zklock", 'ZkLockTask, lock_on_busy="wait"'),
+    Contender(
+        "zklock-shared",
+        ZKLOCK_SHARED,
+        "celery-zklock",
+        'ZkLockTask, lock_mode="shared", one key for all (each task a reader)',
+    ),
+    Contender("celery-singleton", SINGLETON, "celery-singleton", "Singleton (Redis lock)"),
+    Contender("celery-once", ONCE, "celery-once", "QueueOnce (Redis lock)"),
+    Contender(
+        "cpu5-plain",
+        CPU_PLAIN,
+        "celery",
+        f"plain task, body burns {CPU_BODY_S * 1000:g} ms CPU",
+        baseline=None,
+    ),
+    Contender(
+        "cpu5-zklock-skip",
+        CPU_ZKLOCK_SKIP,
+        "celery-zklock",
+        f"ZkLockTask skip, body burns {CPU_BODY_S * 1000:g} ms CPU",
+        baseline="cpu5-plain",
+    ),
 )
 POOL = "prefork"
-CONCURRENCY = 4
+CONCURRENCY = 2
+#: The queue the worker consumes between batches; nothing is ever sent to it.
+IDLE_QUEUE = f"{QUEUE_PREFIX}idle"
 WORKER_READY_TIMEOUT_S = 120.0
-#: The ZkLockTask no-op should reach this share of the plain task's throughput.
-TARGET_VS_PLAIN = 0.85
+CONTROL_TIMEOUT_S = 10.0
+POLL_INTERVAL_S = 0.02
+#: Seconds of idle CPU measured after the warm-up.
+IDLE_SECONDS = 3.0
+
+# Targets (checked on the medians by benchmarks.report).
+#: zklock-skip no-op throughput over plain's.
+TARGET_VS_PLAIN = 0.6
+#: Worker CPU (ms) a locked no-op task may add over a plain one.
+TARGET_CPU_ADDED_MS = 0.6
+#: cpu5-zklock-skip throughput over cpu5-plain's.
+TARGET_CPU_TASK_VS_PLAIN = 0.9
+
+#: Figures per repetition that the report gives as median and spread.
+FIGURES = (
+    "tasks_per_s",
+    "cpu_ms_per_task",
+    "span_p50_ms",
+    "span_p99_ms",
+    "zk_cpu_ms_per_task",
+    "redis_cpu_ms_per_task",
+    "zk_fsyncs_per_task",
+    "zk_fsync_mean_ms",
+)
 
 
 class BatchFailed(RuntimeError):
     pass
 
 
-def _batch(app: Celery, name: str, tag: str, count: int, timeout: float) -> dict[str, Any]:
-    task = app.tasks[name]
-    started = time.monotonic()
-    results = [task.apply_async((f"{tag}-{i}",)) for i in range(count)]
-    sent = time.monotonic()
-    values = ResultSet(results, app=app).join_native(timeout=timeout, propagate=False)
-    done = time.monotonic()
-    failures = [v for v in values if isinstance(v, BaseException)]
-    skipped = sum(1 for v in values if is_skipped(v))
-    if failures:
-        raise BatchFailed(f"{len(failures)} of {count} {name} tasks failed, e.g. {failures[0]!r}")
-    return {
-        "tasks": count,
-        "send_s": sent - started,
-        "seconds": done - started,
-        "tasks_per_s": count / (done - started),
-        "skipped": skipped,
+@dataclass
+class Bench:
+    """What a batch needs: the publishing app, the worker, the servers' pids, a Redis client."""
+
+    app: Celery
+    worker: CeleryWorker
+    redis: redis.Redis
+    zk_pid: int | None
+    redis_pid: int | None
+    zk_port: int | None = None
+
+    def fsyncs(self) -> tuple[int, float] | None:
+        """ZooKeeper's transaction-log fsyncs so far and their total ms (``mntr``), or None."""
+        if self.zk_port is None:
+            return None
+        values = mntr(self.zk_port)
+        try:
+            return int(values["zk_cnt_fsynctime"]), float(values["zk_sum_fsynctime"])
+        except (KeyError, ValueError):
+            return None
+
+
+# ------------------------------------------------------------------------------------ layout
+
+
+def _layout(zk_pid: int | None, redis_pid: int | None) -> dict[str, Any]:
+    """Pin ZooKeeper (every JVM thread) to the first allowed CPU and Redis to the second; the
+    worker is started under ``taskset`` on the second. Returns the layout for the config, with
+    what Redis's affinity was (restored by :func:`_restore`)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    layout: dict[str, Any] = {
+        "pinned": False,
+        "cpus_available": allowed,
+        "publisher": "unpinned (this process; it only polls Redis while the worker drains)",
     }
+    reason = taskset_unavailable(2)
+    if reason is None and (zk_pid is None or redis_pid is None):
+        reason = "the ZooKeeper or Redis process id is unknown"
+    if reason is not None:
+        layout["reason"] = f"not pinned: {reason}"
+        return layout
+    assert zk_pid is not None and redis_pid is not None
+    zk_cpu, worker_cpu = allowed[0], allowed[1]
+    layout["redis_affinity_before"] = sorted(os.sched_getaffinity(redis_pid))
+    try:
+        commands = [pin_process(zk_pid, [zk_cpu]), pin_process(redis_pid, [worker_cpu])]
+    except (OSError, RuntimeError) as exc:
+        _restore(layout, redis_pid)
+        layout["reason"] = f"not pinned: {exc}"
+        return layout
+    layout.update(
+        pinned=True,
+        zookeeper_cpu=zk_cpu,
+        worker_cpu=worker_cpu,
+        redis_cpu=worker_cpu,
+        commands=[*commands, f"taskset -c {worker_cpu} python -m celery ... worker"],
+    )
+    return layout
 
 
-def _start_worker(settings: Settings, log_dir: Path) -> CeleryWorker:
+def _restore(layout: dict[str, Any], redis_pid: int | None) -> None:
+    """Give Redis (shared with the other sections) back its affinity."""
+    before = layout.get("redis_affinity_before")
+    if before and redis_pid is not None:
+        with suppress(OSError, RuntimeError):
+            pin_process(redis_pid, before)
+
+
+def _start_worker(settings: Settings, log_dir: Path, layout: dict[str, Any]) -> CeleryWorker:
+    command = celery_command("benchmarks.celery_app:app", POOL, CONCURRENCY, loglevel="warning")
+    if layout["pinned"]:
+        # taskset execs the worker: same pid, and the pool processes inherit the CPU.
+        command = ["taskset", "-c", str(layout["worker_cpu"]), *command]
     worker = CeleryWorker(
-        celery_command("benchmarks.celery_app:app", POOL, CONCURRENCY, loglevel="warning"),
+        command,
         nodename=f"bench-{uuid.uuid4().hex[:8]}@%h",
         log_path=log_dir / "worker.log",
+        queues=[IDLE_QUEUE],
         cwd=REPO_ROOT,
         env=settings.to_env(),
     )
@@ -83,8 +220,136 @@ def _start_worker(settings: Settings, log_dir: Path) -> CeleryWorker:
     return worker
 
 
+def _worker_affinity(worker: CeleryWorker) -> dict[str, Any]:
+    """The CPUs every thread of the worker's processes may run on (a check of the pinning)."""
+    pids = sorted(worker.process_ids())
+    sets = {cpus for pid in pids for cpus in thread_affinities(pid)}
+    return {"processes": len(pids), "cpu_sets": sorted(sorted(s) for s in sets)}
+
+
+# ------------------------------------------------------------------------------------ a batch
+
+
+def _control(bench: Bench, command: str, queue: str) -> None:
+    """``add_consumer`` / ``cancel_consumer`` of ``queue`` on our worker, waiting for its reply."""
+    method = getattr(bench.app.control, command)
+    replies = method(
+        queue, destination=[bench.worker.nodename], reply=True, timeout=CONTROL_TIMEOUT_S
+    )
+    answer = next(
+        (r[bench.worker.nodename] for r in replies or [] if bench.worker.nodename in r), None
+    )
+    if not answer or "ok" not in answer:
+        raise BatchFailed(f"{command} {queue}: the worker answered {replies!r}")
+
+
+def _batch(bench: Bench, contender: Contender, tag: str, count: int) -> dict[str, Any]:
+    """Publish ``count`` tasks to a new queue, let the worker drain it, measure."""
+    queue = f"{QUEUE_PREFIX}{tag}-{uuid.uuid4().hex[:6]}"
+    spans_key = SPANS_PREFIX + queue
+    task = bench.app.tasks[contender.task]
+    sent = time.monotonic()
+    results = [task.apply_async((f"{tag}-{i}",), queue=queue) for i in range(count)]
+    publish_s = time.monotonic() - sent
+    fsyncs_before = bench.fsyncs()
+    worker_pids = bench.worker.process_ids()
+    servers = [pid for pid in (bench.zk_pid, bench.redis_pid) if pid is not None]
+    before = cpu_snapshot(worker_pids)
+    servers_before = cpu_snapshot(servers)
+    started = time.monotonic()
+    _control(bench, "add_consumer", queue)
+    deadline = started + 60.0 + count * 0.2
+    while int(bench.redis.llen(spans_key)) < count:  # type: ignore[arg-type]
+        if time.monotonic() > deadline:
+            raise BatchFailed(
+                f"{contender.label}: {bench.redis.llen(spans_key)} of {count} tasks ran within "
+                f"{deadline - started:.0f} s; worker log:\n{bench.worker.log_tail(20)}"
+            )
+        time.sleep(POLL_INTERVAL_S)
+    after = cpu_snapshot(bench.worker.process_ids())
+    servers_after = cpu_snapshot(servers)
+    fsyncs_after = bench.fsyncs()
+    _control(bench, "cancel_consumer", queue)
+    raw = bench.redis.lrange(spans_key, 0, -1)
+    bench.redis.delete(spans_key, f"_kombu.binding.{queue}")
+    spans = [json.loads(item) for item in raw]  # type: ignore[union-attr]
+    values = ResultSet(results, app=bench.app).join_native(timeout=120, propagate=False)
+    failures = [v for v in values if isinstance(v, BaseException)]
+    if failures:
+        raise BatchFailed(
+            f"{len(failures)} of {count} {contender.label} tasks failed: {failures[0]!r}"
+        )
+    early = sum(1 for begin, _end, _state, _skipped in spans if begin < started)
+    if len(spans) != count or early:
+        raise BatchFailed(
+            f"{contender.label}: {len(spans)} spans for {count} tasks, {early} begun before "
+            "the worker was told to consume"
+        )
+    bad = [state for _b, _e, state, _s in spans if state != "SUCCESS"]
+    if bad:
+        raise BatchFailed(f"{contender.label}: {len(bad)} tasks ended {bad[0]}")
+    first = min(begin for begin, _end, _state, _skipped in spans)
+    last = max(end for _begin, end, _state, _skipped in spans)
+    durations = [(end - begin) * 1000.0 for begin, end, _state, _skipped in spans]
+    worker_cpu = cpu_used(before, after)
+    zk_cpu = cpu_used(
+        {p: v for p, v in servers_before.items() if p == bench.zk_pid},
+        {p: v for p, v in servers_after.items() if p == bench.zk_pid},
+    )
+    redis_cpu = cpu_used(
+        {p: v for p, v in servers_before.items() if p == bench.redis_pid},
+        {p: v for p, v in servers_after.items() if p == bench.redis_pid},
+    )
+    fsync_count = fsync_ms = None
+    if fsyncs_before is not None and fsyncs_after is not None:
+        fsync_count = fsyncs_after[0] - fsyncs_before[0]
+        fsync_ms = fsyncs_after[1] - fsyncs_before[1]
+    return {
+        "tasks": count,
+        "publish_s": publish_s,
+        "drain_s": last - first,
+        "consume_delay_ms": (first - started) * 1000.0,
+        "tasks_per_s": count / (last - first),
+        "cpu_ms_per_task": worker_cpu * 1000.0 / count,
+        "zk_cpu_ms_per_task": zk_cpu * 1000.0 / count if bench.zk_pid else None,
+        "redis_cpu_ms_per_task": redis_cpu * 1000.0 / count if bench.redis_pid else None,
+        "span_p50_ms": percentile(durations, 50),
+        "span_p99_ms": percentile(durations, 99),
+        "span_mean_ms": sum(durations) / count,
+        "zk_fsyncs_per_task": None if fsync_count is None else fsync_count / count,
+        "zk_fsync_mean_ms": fsync_ms / fsync_count
+        if fsync_ms is not None and fsync_count
+        else None,
+        "skipped": sum(1 for _b, _e, _s, skipped in spans if skipped),
+        "worker_processes": len(after),
+        "worker_processes_changed": set(before) != set(after),
+    }
+
+
+def _idle_cpu(bench: Bench, seconds: float) -> dict[str, float | None]:
+    """CPU ms per second the worker tree, ZooKeeper and Redis use while no task runs: what a
+    batch's window holds besides its tasks (the worker takes up a queue within ~1 s)."""
+    pids = {
+        "worker": sorted(bench.worker.process_ids()),
+        "zookeeper": [bench.zk_pid] if bench.zk_pid else [],
+        "redis": [bench.redis_pid] if bench.redis_pid else [],
+    }
+    before = {name: cpu_snapshot(found) for name, found in pids.items()}
+    time.sleep(seconds)
+    after = {name: cpu_snapshot(found) for name, found in pids.items()}
+    return {
+        f"{name}_ms_per_s": cpu_used(before[name], after[name]) * 1000.0 / seconds
+        if pids[name]
+        else None
+        for name in pids
+    }
+
+
+# ------------------------------------------------------------------------------------ section
+
+
 def run_section(
-    zk_hosts: str,
+    zk_server: ZooKeeperServer,
     redis_url: str,
     *,
     batch: int,
@@ -92,9 +357,9 @@ def run_section(
     repeats: int,
     progress: Progress,
 ) -> dict[str, Any]:
-    """Section 4: one worker, every contender, ``repeats`` batches each."""
+    """Section 4: one pinned worker, every contender, ``repeats`` batches each, rotated."""
     settings = Settings(
-        zk_hosts=zk_hosts,
+        zk_hosts=zk_server.hosts,
         broker_url=redis_url,
         result_backend=redis_url,
         record_url=redis_url,
@@ -103,80 +368,157 @@ def run_section(
         zk_root="/bench-celery",
     )
     app = create_app(settings)
+    client = redis.Redis.from_url(redis_url)
+    redis_pid = int(client.info("server")["process_id"])
+    zk_pid = zk_server.pid
+    layout = _layout(zk_pid, redis_pid)
+    progress(
+        "celery: "
+        + (
+            f"ZooKeeper on CPU {layout['zookeeper_cpu']}, worker and Redis on CPU "
+            f"{layout['worker_cpu']}"
+            if layout["pinned"]
+            else layout["reason"]
+        )
+    )
     log_dir = make_temp_dir("zklock-bench-celery-")
-    worker = _start_worker(settings, log_dir)
+    worker: CeleryWorker | None = None
     status: dict[str, str] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
+    idle: dict[str, float | None] = {}
     try:
+        worker = _start_worker(settings, log_dir, layout)
         started = time.monotonic()
-        try:
-            _batch(app, PLAIN, "ready", 1, WORKER_READY_TIMEOUT_S)
-        except Exception as exc:
-            raise RuntimeError(
-                f"the benchmark worker did not run a task within {WORKER_READY_TIMEOUT_S:.0f} s "
-                f"({exc!r}); its log:\n{worker.log_tail()}"
-            ) from exc
+        wait_until_answering(app, [worker], WORKER_READY_TIMEOUT_S)
         progress(f"celery: worker ready in {time.monotonic() - started:.1f} s")
-        measured: list[tuple[str, str]] = []
-        for label, name, package in CONTENDERS:
-            if name in UNAVAILABLE or name not in app.tasks:
-                status[label] = f"not measured: {UNAVAILABLE.get(name, 'not registered')}"
+        bench = Bench(app, worker, client, zk_pid, redis_pid, zk_server.port)
+        measured: list[Contender] = []
+        for contender in CONTENDERS:
+            if contender.task in UNAVAILABLE or contender.task not in app.tasks:
+                reason = UNAVAILABLE.get(contender.task, "not registered")
+                status[contender.label] = f"not measured: {reason}"
                 continue
             try:
-                _batch(app, name, f"{label}-warm", warmup, 120.0)
+                _batch(bench, contender, f"{contender.label}-warm", warmup)
             except Exception as exc:
-                status[label] = f"not measured: {package} failed its warm-up batch: {exc!r}"[:500]
+                status[contender.label] = (
+                    f"not measured: {contender.package} failed its warm-up batch: {exc!r}"[:500]
+                )
                 continue
-            status[label] = "ok"
-            measured.append((label, name))
-            samples[label] = []
-        progress(f"celery: warm-up done; measuring {', '.join(label for label, _ in measured)}")
+            status[contender.label] = "ok"
+            measured.append(contender)
+            samples[contender.label] = []
+        layout["worker_affinity"] = _worker_affinity(worker)
+        idle = _idle_cpu(bench, IDLE_SECONDS)
+        progress(f"celery: warm-up done; measuring {', '.join(c.label for c in measured)}")
         for rep in range(repeats):
-            for label, name in rotated(measured, rep):
-                if status[label] != "ok":
+            for contender in rotated(measured, rep):
+                if status[contender.label] != "ok":
                     continue
                 try:
-                    sample = _batch(app, name, f"{label}-r{rep}", batch, 600.0)
+                    sample = _batch(bench, contender, f"{contender.label}-r{rep}", batch)
                 except Exception as exc:
-                    status[label] = f"failed during repetition {rep + 1}: {exc!r}"[:500]
+                    status[contender.label] = f"failed during repetition {rep + 1}: {exc!r}"[:500]
                     continue
-                samples[label].append(sample)
+                samples[contender.label].append(sample)
             progress(
                 f"celery: repetition {rep + 1}/{repeats}: "
                 + ", ".join(
-                    f"{label} {samples[label][-1]['tasks_per_s']:.0f}/s"
-                    for label, _ in measured
-                    if samples[label] and len(samples[label]) == rep + 1
+                    f"{c.label} {samples[c.label][-1]['tasks_per_s']:.0f}/s "
+                    f"{samples[c.label][-1]['cpu_ms_per_task']:.2f} ms CPU"
+                    for c in measured
+                    if len(samples[c.label]) == rep + 1
                 )
             )
     finally:
-        worker.stop(grace=10.0)
+        if worker is not None:
+            worker.stop(grace=10.0)
+        _restore(layout, redis_pid)
         remove_temp_dir(log_dir)
+        close_clients()
+        client.close()
         app.close()
-    results: dict[str, dict[str, Any]] = {}
-    for label, _name, _package in CONTENDERS:
-        runs = samples.get(label, [])
-        ok = status.get(label) == "ok" and len(runs) == repeats
-        results[label] = {
-            "status": status.get(label, "not measured"),
-            "tasks_per_s": median([r["tasks_per_s"] for r in runs]) if ok else None,
-            "skipped": sum(r["skipped"] for r in runs),
-            "per_repeat": runs,
-        }
-    plain = results["plain"]["tasks_per_s"]
-    for entry in results.values():
-        entry["vs_plain"] = ratio(entry["tasks_per_s"], plain)
+    results = _summarise(samples, status, repeats)
     return {
         "config": {
             "batch": batch,
             "warmup": warmup,
             "repeats": repeats,
-            "worker": f"1 celery worker, {POOL} pool, concurrency {CONCURRENCY}, fleet settings",
-            "keys": "distinct per task (a lock is never busy)",
+            "worker": f"1 celery worker, {POOL} pool, concurrency {CONCURRENCY}, the fleet's "
+            "settings (prefetch 1, late acks, track started, Redis broker and backend), "
+            "log level warning, no max tasks per child",
+            "keys": "distinct per task (a lock is never busy); zklock-shared: one key, readers",
+            "layout": layout,
+            "publishing": "each batch to a new queue the worker does not consume; then "
+            "add_consumer (reply awaited) starts the drain; cancel_consumer after",
+            "tasks_per_s": "batch / (last task's postrun - first task's prerun): the worker "
+            "takes up a new queue at its next BRPOP (kombu polls with a 1 s BRPOP), so the "
+            "clock starts when the first task starts",
+            "span": "task_prerun -> task_postrun in the pool process (lock acquire, body, "
+            "release, result store, on_success/after_return)",
+            "cpu": "utime+stime from /proc/<pid>/stat of the worker's process tree (main and "
+            "pool processes), ZooKeeper's JVM and Redis, from before add_consumer to after the "
+            "last span arrived, per task",
+            "cpu_body_ms": CPU_BODY_S * 1000.0,
+            "idle_cpu": idle,
         },
         "results": results,
     }
 
 
+def _summarise(
+    samples: dict[str, list[dict[str, Any]]], status: dict[str, str], repeats: int
+) -> dict[str, dict[str, Any]]:
+    """Median and spread of every figure; ratios and differences to the baseline per
+    repetition (the two contenders' batches of the same repetition)."""
+    results: dict[str, dict[str, Any]] = {}
+    complete: dict[str, list[dict[str, Any]]] = {}
+    for contender in CONTENDERS:
+        runs = samples.get(contender.label, [])
+        ok = status.get(contender.label) == "ok" and len(runs) == repeats
+        if ok:
+            complete[contender.label] = runs
+        changed = sum(1 for r in runs if r["worker_processes_changed"])
+        state = status.get(contender.label, "not measured")
+        if changed:  # a pool process replaced mid-batch: its CPU is missing from that batch
+            state += f"; worker process tree changed in {changed} batch(es)"
+        entry: dict[str, Any] = {
+            "status": state,
+            "what": contender.what,
+            "package": contender.package,
+            "baseline": contender.baseline,
+            "skipped": sum(r["skipped"] for r in runs),
+            "per_repeat": runs,
+        }
+        for name in FIGURES:
+            values = [r[name] for r in runs]
+            entry[name] = spread(values) if ok and None not in values else None
+        results[contender.label] = entry
+    for contender in CONTENDERS:
+        entry = results[contender.label]
+        runs = complete.get(contender.label)
+        base = complete.get(contender.baseline) if contender.baseline else None
+        for name, figure, combine in (
+            ("vs_baseline", "tasks_per_s", _ratio),
+            ("cpu_ms_added", "cpu_ms_per_task", _difference),
+            ("span_p50_added_ms", "span_p50_ms", _difference),
+            ("span_p99_added_ms", "span_p99_ms", _difference),
+        ):
+            entry[name] = (
+                paired([r[figure] for r in runs], [r[figure] for r in base], combine)
+                if runs is not None and base is not None
+                else None
+            )
+    return results
+
+
+def _ratio(value: float, base: float) -> float | None:
+    return value / base if base else None
+
+
+def _difference(value: float, base: float) -> float:
+    return value - base
+
+
 def contenders() -> Sequence[str]:
-    return [label for label, _, _ in CONTENDERS]
+    return [c.label for c in CONTENDERS]

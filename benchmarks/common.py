@@ -1,8 +1,11 @@
 """What every benchmark section shares: statistics, the local stack, ZooKeeper probes, processes.
 
 Statistics: per repetition a benchmark computes its figure (a p50, a rate, a count); the report
-shows the median over repetitions (at least :data:`MIN_REPEATS`), and ratios are ratios of
-those medians, measured in the same run on the same machine.
+shows the median over repetitions (at least :data:`MIN_REPEATS`), with its spread
+(:func:`spread`: min, max and the interquartile range) where a section gives it. Sections 2
+and 4 take ratios and differences against a baseline per repetition (the two contenders' runs
+of the same repetition, :func:`paired`) and summarise those the same way; the others take them
+of the medians.
 
 The stack: one Redis for the whole run, and a fresh standalone ZooKeeper per section, every one
 with the same settings (:data:`ZK_SETTINGS`: the project's test defaults, fsync on), so one
@@ -22,12 +25,13 @@ import multiprocessing.context
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +103,48 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median and spread of per-repetition figures: ``median``, ``min``, ``max``, the quartiles
+    ``q1`` and ``q3`` (``statistics.quantiles``, inclusive method) and ``iqr`` = q3 - q1."""
+    if not values:
+        raise ValueError("spread of no values")
+    ordered = sorted(float(v) for v in values)
+    if len(ordered) == 1:
+        q1 = q3 = ordered[0]
+    else:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    return {
+        "median": median(ordered),
+        "min": ordered[0],
+        "max": ordered[-1],
+        "q1": q1,
+        "q3": q3,
+        "iqr": q3 - q1,
+        "n": len(ordered),
+    }
+
+
+def spread_or_none(values: Sequence[float | None]) -> dict[str, float] | None:
+    """:func:`spread` of the values if every one is present, else None."""
+    present = [v for v in values if v is not None]
+    return spread(present) if present and len(present) == len(values) else None
+
+
+def paired(
+    values: Sequence[float | None],
+    baseline: Sequence[float | None],
+    combine: Callable[[float, float], float | None],
+) -> dict[str, float] | None:
+    """:func:`spread` of ``combine(value, base)`` per repetition (same index in both lists);
+    None if the lists differ in length or any pair lacks a figure."""
+    if not values or len(values) != len(baseline):
+        return None
+    combined: list[float | None] = []
+    for value, base in zip(values, baseline, strict=True):
+        combined.append(None if value is None or base is None else combine(value, base))
+    return spread_or_none(combined)
+
+
 def rotated(items: Sequence[Any], rep: int) -> list[Any]:
     """``items`` rotated by ``rep``: each repetition starts with another contender."""
     if not items:
@@ -110,10 +156,19 @@ def rotated(items: Sequence[Any], rep: int) -> list[Any]:
 # ------------------------------------------------------------------------------------ the stack
 
 
+#: Section -> its changes to ZK_SETTINGS. The task-level section runs ZooKeeper's own default
+#: container check (60 s), as production does: the tests' 300 ms makes the server reap the idle
+#: container of a lock name between two tasks, and every fresh key then pays a NoNode retry.
+ZK_SETTINGS_OF_SECTION: dict[str, dict[str, Any]] = {
+    "celery": {"container_check_interval_ms": 60_000},
+}
+
+
 @contextmanager
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    """A fresh standalone ZooKeeper with :data:`ZK_SETTINGS`, stopped on exit."""
-    server = ZooKeeperServer(**ZK_SETTINGS)
+def zookeeper(section: str | None = None) -> Iterator[ZooKeeperServer]:
+    """A fresh standalone ZooKeeper with :data:`ZK_SETTINGS` (and the section's changes),
+    stopped on exit."""
+    server = ZooKeeperServer(**{**ZK_SETTINGS, **ZK_SETTINGS_OF_SECTION.get(section or "", {})})
     server.start(timeout=60)
     try:
         yield server
@@ -303,6 +358,79 @@ def broadcast(workers: Sequence[Worker], command: tuple[Any, ...], timeout: floa
     for worker in workers:
         worker.send(*command)
     return [worker.reply(timeout) for worker in workers]
+
+
+# ------------------------------------------------------------------------------ CPU pinning
+
+#: The CPU time unit of /proc/<pid>/stat (clock ticks per second).
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (all its threads) from /proc/<pid>/stat; None if gone.
+
+    The kernel scales the two so that their sum is the scheduler's exact runtime, then reports
+    it in clock ticks (10 ms): a difference is good to a tick per process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is field 3 (state): utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_snapshot(pids: Iterable[int]) -> dict[int, float]:
+    """:func:`cpu_seconds` of each live pid of ``pids``."""
+    found = {pid: cpu_seconds(pid) for pid in pids}
+    return {pid: value for pid, value in found.items() if value is not None}
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes used between two snapshots (a process new in ``after``
+    counts whole; one gone from ``after`` is lost, so callers check the pid sets)."""
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
+
+
+def taskset_unavailable(cpus_needed: int) -> str | None:
+    """Why processes cannot be pinned here (no ``taskset``, too few CPUs), or None."""
+    if shutil.which("taskset") is None:
+        return "taskset is not installed (util-linux)"
+    allowed = len(os.sched_getaffinity(0))
+    if allowed < cpus_needed:
+        return f"{allowed} CPU(s) available, pinning needs {cpus_needed}"
+    return None
+
+
+def thread_affinities(pid: int) -> set[frozenset[int]]:
+    """The distinct CPU sets the threads of ``pid`` may run on (empty if it is gone)."""
+    sets: set[frozenset[int]] = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return sets
+    for tid in tids:
+        with suppress(OSError):
+            sets.add(frozenset(os.sched_getaffinity(int(tid))))
+    return sets
+
+
+def pin_process(pid: int, cpus: Iterable[int]) -> str:
+    """``taskset -a -p -c <cpus> <pid>``: every thread of ``pid`` (threads it starts later
+    inherit it) onto ``cpus``; the command run. Raises RuntimeError if taskset fails or a
+    thread is left elsewhere."""
+    wanted = frozenset(cpus)
+    cpu_list = ",".join(str(c) for c in sorted(wanted))
+    argv = ["taskset", "-a", "-p", "-c", cpu_list, str(pid)]
+    for _ in range(3):  # a thread started during the first pass may have missed it
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed: {(done.stdout + done.stderr).strip()}")
+        if not thread_affinities(pid) - {wanted}:
+            break
+    else:
+        raise RuntimeError(f"{' '.join(argv)}: some threads are not on CPUs {cpu_list}")
+    return " ".join(argv)
 
 
 # ------------------------------------------------------------------------------- the machine

@@ -23,9 +23,12 @@ from benchmarks.common import (
     broadcast,
     median,
     median_or_none,
+    paired,
     percentile,
     rotated,
     serve_client,
+    spread,
+    spread_or_none,
     start_workers,
     stop_workers,
 )
@@ -122,6 +125,37 @@ def _one_run(workers: Sequence[Worker], recipe: str, path: str, duration: float)
     return _analyse(pairs, start_at, stop_at)
 
 
+def _summarise(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians (the targets' figures) and spreads per recipe; ours / kazoo per repetition."""
+    entry: dict[str, Any] = {
+        recipe: {
+            "grants_per_s": median([s["grants_per_s"] for s in runs]),
+            "handoff_mean_ms": median_or_none([s["handoff_mean_ms"] for s in runs]),
+            "handoff_p99_ms": median_or_none([s["handoff_p99_ms"] for s in runs]),
+            "grants_spread": spread([s["grants_per_s"] for s in runs]),
+            "handoff_mean_spread": spread_or_none([s["handoff_mean_ms"] for s in runs]),
+            "handoff_p99_spread": spread_or_none([s["handoff_p99_ms"] for s in runs]),
+            "overlaps": sum(s["overlaps"] for s in runs),
+            "per_repeat": runs,
+        }
+        for recipe, runs in samples.items()
+    }
+    ours, kazoo = samples["ours"], samples["kazoo"]
+    entry["ours_vs_kazoo"] = {
+        "grants_ratio": paired(
+            [s["grants_per_s"] for s in ours],
+            [s["grants_per_s"] for s in kazoo],
+            lambda a, b: a / b if b else None,
+        ),
+        "handoff_p99_ratio": paired(
+            [s["handoff_p99_ms"] for s in ours],
+            [s["handoff_p99_ms"] for s in kazoo],
+            lambda a, b: a / b if b else None,
+        ),
+    }
+    return entry
+
+
 def run_section(
     server: ZooKeeperServer,
     *,
@@ -157,16 +191,7 @@ def run_section(
                         )
             finally:
                 stop_workers(workers)
-            results[str(count)] = {
-                recipe: {
-                    "grants_per_s": median([s["grants_per_s"] for s in runs]),
-                    "handoff_mean_ms": median_or_none([s["handoff_mean_ms"] for s in runs]),
-                    "handoff_p99_ms": median_or_none([s["handoff_p99_ms"] for s in runs]),
-                    "overlaps": sum(s["overlaps"] for s in runs),
-                    "per_repeat": runs,
-                }
-                for recipe, runs in samples.items()
-            }
+            results[str(count)] = _summarise(samples)
     finally:
         admin.stop()
         admin.close()
