@@ -12,6 +12,9 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   its answer to kazoo's callback thread, which copies it into the result the caller waits on:
   one more thread wake-up per lock. :func:`create_node_async` sends kazoo's own ``Create2``
   through ``KazooClient._call``, so the connection thread sets the caller's result directly.
+- **A node and its new parent in one request**: :func:`create_node_and_parent_async` sends a
+  ``multi`` of ``createContainer`` and ``create2``, which kazoo's ``TransactionRequest`` cannot
+  hold (it knows neither opcode, nor their answers).
 - **Three requests:** ``createContainer`` (opcode 19, a parent the server deletes once empty),
   ``createTTL`` (opcode 21, a node the server deletes once unchanged for its TTL; only where the
   server runs with ``zookeeper.extendedTypesEnabled=true``, else it answers ``Unimplemented``)
@@ -32,13 +35,16 @@ import threading
 from typing import Any, ClassVar, Final
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import EXCEPTIONS, KazooException, RolledBackError, RuntimeInconsistency
 from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import (
     Connect,
     Create2,
+    MultiHeader,
     ZnodeStat,
     int_struct,
     long_struct,
+    multiheader_struct,
     read_string,
     stat_struct,
     write_buffer,
@@ -219,6 +225,85 @@ def create_node_async(client: Any, path: str, data: bytes) -> Any:
     )
     client._call(request, result)
     return result
+
+
+class CreateWithParent:
+    """A ``multi`` (opcode 14) of ``createContainer`` for a parent and ``create2`` for a node
+    under it: both are made, or neither. Its answer is one entry per operation: ``(full path,
+    stat)``, or the exception of the operation that failed (the other one's is
+    ``RolledBackError``)."""
+
+    type: ClassVar[int] = 14
+
+    def __init__(self, parent: CreateContainer, node: Create2) -> None:
+        self.operations = (parent, node)
+
+    def serialize(self) -> bytearray:
+        body = bytearray()
+        for operation in self.operations:
+            body.extend(MultiHeader(operation.type, False, -1).serialize())
+            body.extend(operation.serialize())
+        body.extend(multiheader_struct.pack(-1, True, -1))
+        return body
+
+    @classmethod
+    def deserialize(
+        cls, data: bytes, offset: int
+    ) -> list[tuple[str, ZnodeStat | None] | KazooException]:
+        results: list[tuple[str, ZnodeStat | None] | KazooException] = []
+        header, offset = MultiHeader.deserialize(data, offset)
+        while not header.done:
+            if header.type == -1:  # an ErrorResult: the operation's error code
+                code = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+            else:  # create2 and createContainer answer a path and a stat (create: a path)
+                path, offset = read_string(data, offset)
+                stat = None
+                if header.type != 1:
+                    stat = ZnodeStat._make(stat_struct.unpack_from(data, offset))
+                    offset += stat_struct.size
+                results.append((path, stat))
+            header, offset = MultiHeader.deserialize(data, offset)
+        return results
+
+
+def create_node_and_parent_async(client: Any, parent: str, path: str, data: bytes) -> Any:
+    """Send one ``multi``: the container ``parent`` and, under it, an ephemeral sequential node
+    at ``path`` (as :func:`create_node_async`). Pass kazoo's async result to
+    :func:`created_with_parent`."""
+    result = client.handler.async_result()
+    acl = list(client.default_acl or OPEN_ACL_UNSAFE)
+    chroot = client.chroot or ""
+    request = CreateWithParent(
+        CreateContainer(chroot + parent, b"", acl, CONTAINER_FLAGS),
+        Create2(chroot + path, data, acl, EPHEMERAL_SEQUENTIAL_FLAGS),
+    )
+    client._call(request, result)
+    return result
+
+
+def created_with_parent(answer: Any) -> tuple[str, int | None]:
+    """The node's ``(full path, czxid)`` from a :class:`CreateWithParent` answer; raises the
+    error of the operation that failed (``NodeExistsError``: the parent was there, so nothing
+    was made; ``NoNodeError``: the parent's parent was not).
+
+    ZooKeeper answers the node's create inside a ``multi`` with its path only, but every node a
+    ``multi`` makes gets the transaction's one zxid: the parent's ``czxid`` is the node's (None
+    if no stat came at all; then read the node's).
+    """
+    if not isinstance(answer, list) or len(answer) != 2:
+        raise TypeError(f"not an answer to CreateWithParent: {answer!r}")
+    failures = [entry for entry in answer if isinstance(entry, KazooException)]
+    if failures:  # the others are marked rolled back, or inconsistent after the failure
+        causes = [e for e in failures if not isinstance(e, _FOLLOW_ON_ERRORS)]
+        raise (causes or failures)[0]
+    (_, parent_stat), (node_path, node_stat) = answer
+    stat = node_stat or parent_stat
+    return node_path, (stat.czxid if stat is not None else None)
+
+
+_FOLLOW_ON_ERRORS: Final = (RolledBackError, RuntimeInconsistency)
 
 
 def create_container_async(client: Any, path: str, acl: list[ACL] | None = None) -> Any:

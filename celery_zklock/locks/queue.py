@@ -3,12 +3,14 @@ lock recipes' ZooKeeper I/O lives here; the decision itself is :func:`contenders
 
 One acquire, step by step:
 
-1. Send, back to back on the one connection, a ``createContainer`` for the lock's parent (unless
-   this client recently saw the parent), the create of our protected ephemeral sequential node
-   ``_c_<uuid>-<marker><seq>`` and a ``getChildren`` of the parent. ZooKeeper executes a session's
-   requests in order, so the listing already contains our node: a fresh-key acquire costs one round
-   trip plus the release's delete, like a bare create+delete pair. The create's answer reached
-   the leader, so it moves the client's lease clock forward.
+1. Under a parent this client has seen recently: send, back to back on the one connection, the
+   create of our protected ephemeral sequential node ``_c_<uuid>-<marker><seq>`` and a
+   ``getChildren`` of the parent. ZooKeeper executes a session's requests in order, so the
+   listing already contains our node. Under a parent it has not seen: one ``multi`` that makes
+   the parent (a container) and our node, its first child (sequence 0, which holds); if the
+   parent was there after all, nothing was made and the first way follows. Either way a
+   fresh-key acquire costs one round trip plus the release's delete, like a bare create+delete
+   pair. The create's answer reached the leader, so it moves the client's lease clock forward.
 2. Decide with the listing. Held: done. Not held: watch the one node that blocks us (``exists``
    with a watch; if it is already gone, list again), wait for its deletion or a connection state
    change, list again, decide again. A decision taken while the client is between connections
@@ -120,10 +122,11 @@ class ContenderQueue:
                 continue
             epoch = context.epoch
             sent_at = time.monotonic()
-            parent = None if parent_known else adapter.create_container_async(client, self.path)
-            created = adapter.create_node_async(
-                client, f"{self.path}/{prefix}{self.lock_kind.marker}", data
-            )
+            node_path = f"{self.path}/{prefix}{self.lock_kind.marker}"
+            if parent_known:
+                created = adapter.create_node_async(client, node_path, data)
+            else:  # one request: a new parent and our node, its first child ever
+                created = adapter.create_node_and_parent_async(client, self.path, node_path, data)
             # Under a parent we may be creating right now our node is most likely its first
             # child ever (sequence 0), which holds whatever else comes: list the children in
             # the same round trip only under a parent we have seen before.
@@ -131,8 +134,15 @@ class ContenderQueue:
             limit_read = client.get_async(self.path) if self.lock_kind.limit else None
             what = f"creating a contender under {self.path}"
             try:
-                full_path, stat = wait_result(created, io, what)
+                answer = wait_result(created, io, what)
+                if parent_known:
+                    full_path, stat = answer
+                    token = stat.czxid
+                else:
+                    full_path, token = adapter.created_with_parent(answer)
                 path = client.unchroot(full_path)
+                if token is None:
+                    token = self._czxid(path, io)
                 if limit_read is not None:
                     self._agree_on_limit(prefix, wait_result(limit_read, io, what), io)
                 if listing is not None:
@@ -143,6 +153,9 @@ class ContenderQueue:
                     children = wait_result(client.get_children_async(self.path), io, what)
             except NoNodeError:
                 self._make_parents(io)
+                parent_known = True
+                continue
+            except NodeExistsError:  # the parent was there, so nothing was created
                 parent_known = True
                 continue
             except ConnectionLoss:
@@ -157,9 +170,6 @@ class ContenderQueue:
             except SessionExpiredError:
                 context.await_connected(io, what)
                 continue
-            finally:
-                if parent is not None:
-                    self._note_parent_result(parent)
             context.confirm(sent_at, epoch)
             if not self._same_session(session_id, epoch, io):
                 # The session ended around the create: the node went with it. Start a new
@@ -167,7 +177,14 @@ class ContenderQueue:
                 context.purge_later(self.path, prefix)
                 raise SessionGone()
             context.remember_parent(self.path, True)
-            return Created(path.rsplit("/", 1)[1], stat.czxid, session_id, epoch, children)
+            return Created(path.rsplit("/", 1)[1], token, session_id, epoch, children)
+
+    def _czxid(self, path: str, io: Deadline) -> int:
+        """The czxid of our node at ``path`` (read; SessionGone if it is not there)."""
+        stat = wait_result(self.client.exists_async(path), io, f"reading {path}")
+        if stat is None:
+            raise SessionGone()
+        return int(stat.czxid)
 
     def _agree_on_limit(self, prefix: str, read: tuple[bytes, Any] | None, io: Deadline) -> None:
         """Make sure the parent stores our limit (see step 4); ``read`` is a (data, stat) of the
@@ -218,11 +235,6 @@ class ContenderQueue:
             self.context.await_connected(io, f"confirming our contender under {self.path}")
             current = self.context.session_id()
         return current == session_id and epoch == self.context.epoch
-
-    def _note_parent_result(self, parent: Any) -> None:
-        failed = parent.ready() and not parent.successful()
-        if failed and not isinstance(parent.exception, NodeExistsError):
-            self.context.remember_parent(self.path, False)
 
     def _find_ours(self, prefix: str, io: Deadline) -> Created | None:
         """After a connection loss during our create: find our node by its uuid, if it exists.

@@ -248,14 +248,15 @@ def test_connection_drop_during_create_keeps_one_node(
     zk_server: object, zk_client: KazooClient, lock_root: str
 ) -> None:
     """The create runs on the server but its answer is lost: the node is found again by uuid."""
-    # The lock's parents must exist already: with answers dropped, an acquire that first has
-    # to learn that they are missing never gets to its create.
+    # The lock's parent must exist already, and this client must know it: with answers dropped,
+    # an acquire that first has to learn whether it is there never gets to its create.
     zk_client.ensure_path(lock_root)
     host, port = zk_client.hosts[0]
     with TcpProxy(host, port) as proxy:
         client = KazooClient(proxy.address, timeout=10)
         client.start()
         try:
+            Mutex(client, lock_root).acquire(timeout=5).release()
             proxy.drop_responses = True
             result: list[object] = []
             thread = threading.Thread(
@@ -347,3 +348,45 @@ def test_acquire_while_the_session_is_expired_waits_for_the_reconnect_without_sp
     finally:
         client.stop()
         client.close()
+
+
+def test_a_fresh_key_takes_one_request_and_its_token_is_its_node_s_czxid(
+    zk_client: KazooClient, lock_root: str
+) -> None:
+    """Under a parent the client has not seen, the parent and the node are made by one
+    ``multi``; the token (the node's czxid, which ZooKeeper does not answer inside a multi) is
+    the transaction's zxid. A parent that was there after all costs one more request, and a
+    missing grandparent is made first."""
+    zk_client.ensure_path(lock_root)
+    sent: list[str] = []
+    real_call = zk_client._call
+
+    def counting(request: object, result: object) -> object:
+        sent.append(type(request).__name__)
+        return real_call(request, result)
+
+    zk_client._call = counting  # type: ignore[method-assign]
+    try:
+        for path, made_before in ((f"{lock_root}/fresh", False), (f"{lock_root}/there", True)):
+            if made_before:
+                zk_client.create(path)  # persistent: the client has never seen it
+            sent.clear()
+            lease = Mutex(zk_client, path).acquire(timeout=5)
+            acquire_requests = list(sent)
+            stat = zk_client.exists(lease.node)
+            assert stat is not None and lease.token == stat.czxid
+            assert children(zk_client, path) == [lease.node.rsplit("/", 1)[1]]
+            lease.release()
+            if made_before:
+                assert acquire_requests == ["CreateWithParent", "Create2", "GetChildren"]
+            else:
+                assert acquire_requests == ["CreateWithParent"]
+        sent.clear()
+        deep = f"{lock_root}/missing/parent/key"
+        lease = Mutex(zk_client, deep).acquire(timeout=5)
+        stat = zk_client.exists(lease.node)
+        assert stat is not None and lease.token == stat.czxid
+        assert sent[0] == "CreateWithParent" and "CreateContainer" in sent
+        lease.release()
+    finally:
+        del zk_client._call

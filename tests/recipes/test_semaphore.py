@@ -345,6 +345,10 @@ def test_connection_drop_during_create_keeps_one_node_and_stores_the_limit(
         client = KazooClient(proxy.address, timeout=10)
         client.start()
         try:
+            # The client must know the parent is there (see the mutex's test of this name); a
+            # mutex's lease on the path teaches it that without storing a limit.
+            Mutex(client, lock_root).acquire(timeout=5).release()
+            assert zk_client.get(lock_root)[0] == b""
             proxy.drop_responses = True
             result: list[object] = []
             thread = threading.Thread(
