@@ -41,6 +41,8 @@ HOLDER_WATCHES = {"ours": 0, "naive": NAIVE_HOLDER_WATCHES}
 #: Target: notifications per release for our exclusive waiters, at every waiter count.
 TARGET_PER_RELEASE = 1.0
 SESSION_TIMEOUT_S = 30.0
+#: Longest wait for our holder's break watch: it is set at the first renewal after R = T/8.
+BREAK_WATCH_WAIT_S = 3 * SESSION_TIMEOUT_S / 8 + 5.0
 #: Longest wait of one step (all armed, one paced release, joining the waiters).
 STEP_TIMEOUT_S = 180.0
 ACQUIRE_TIMEOUT_S = 900.0
@@ -214,8 +216,18 @@ def _one_run(
     with grants.get_lock():
         grants.value = 0
     held: Lease | NaiveLock
+    # Our holder's lease, once held for a renewal interval, gets a data watch on its own node
+    # (the lease clock's break watch, docs/operating.md): wait for it, so that every count
+    # below knows it is there; it fires at the holder's release, before the waiters' turns.
+    holder_break_watch = 0
     if recipe == "ours":
         held = Mutex(holder, path).acquire(timeout=60)
+        holder_break_watch = 1
+        if not wait_for(lambda: watch_count(port) == baseline + 1, BREAK_WATCH_WAIT_S, 0.05):
+            raise RuntimeError(
+                f"herd ours n={waiters}: the holder's break watch was not set within "
+                f"{BREAK_WATCH_WAIT_S:.0f} s ({watch_count(port)} watches, {baseline} before)"
+            )
     else:
         naive = NaiveLock(holder, path)
         if not naive.acquire():
@@ -233,7 +245,7 @@ def _one_run(
         )
     broadcast(workers, ("go",), STEP_TIMEOUT_S)
     # The holder's own watch, if the recipe keeps one, fired when the waiters joined.
-    armed = baseline + waiters
+    armed = baseline + waiters + holder_break_watch
     if not wait_for(lambda: watch_count(port) == armed, STEP_TIMEOUT_S, 0.02):
         raise RuntimeError(
             f"herd {recipe} n={waiters}: {watch_count(port)} watches armed, expected {armed}"
@@ -278,8 +290,9 @@ def _one_run(
         "releases": releases,
         "per_release": total / releases,
         "max_per_session": max(deltas) if deltas else 0,
-        # The server's own count of watches it fired meanwhile (holder's included): a cross-check.
-        "server_fired": fired_after - fired_before
+        # The server's own count of watches it fired meanwhile, less our holder's break watch
+        # (it fires at the holder's release): a cross-check.
+        "server_fired": fired_after - fired_before - holder_break_watch
         if fired_before >= 0 and fired_after >= 0
         else None,
         "sessions_notified": sum(1 for d in deltas if d),
