@@ -36,7 +36,7 @@ DEFAULT_ITERATIONS = 300
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 150
 #: The fresh-key mutex should cost at most this many times the floor (p50).
-TARGET_RATIO = 1.3
+TARGET_RATIO = 1.2
 #: ... and be at least this many times faster than kazoo's Lock on fresh keys (p50).
 TARGET_VS_KAZOO = 2.0
 #: Deadline of one acquire in a cycle; an uncontended acquire that takes this long is a failure.
