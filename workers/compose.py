@@ -62,6 +62,9 @@ WORKER_SERVICE: Final = "worker"
 DOCKER_TIMEOUT: Final = 120.0
 BUILD_TIMEOUT: Final = 1800.0
 ENGINE_START_TIMEOUT: Final = 60.0
+#: ``down`` attempts while a network still has endpoints of removed containers, a second apart.
+DOWN_ATTEMPTS: Final = 30
+DOWN_RETRY_DELAY: Final = 1.0
 _LOCK_DIR: Final = Path("/run/lock") if os.path.isdir("/run/lock") else Path(tempfile.gettempdir())
 ENGINE_START: Final = _LOCK_DIR / "celery-zklock-dockerd.start"
 ENGINE_USERS: Final = _LOCK_DIR / "celery-zklock-dockerd.users"
@@ -385,8 +388,20 @@ class ComposeProject:
             raise DockerError(f"{len(running)} of {workers} worker containers run after up")
 
     def down(self) -> None:
-        """Stop and remove the project's containers, networks and volumes."""
-        self.compose("down", "-v", "--remove-orphans", "-t", "5", timeout=180)
+        """Stop and remove the project's containers, networks and volumes.
+
+        dockerd releases a removed container's network endpoints a little later, so a network
+        can still have "active endpoints" when compose removes it (seen with two runs sharing
+        one dockerd): ``down`` is run again, a second apart, until it goes through.
+        """
+        for attempt in range(1, DOWN_ATTEMPTS + 1):
+            try:
+                self.compose("down", "-v", "--remove-orphans", "-t", "5", timeout=180)
+                return
+            except DockerError as exc:
+                if "has active endpoints" not in str(exc) or attempt == DOWN_ATTEMPTS:
+                    raise
+            time.sleep(DOWN_RETRY_DELAY)
 
     def logs(self, *services: str, tail: int = 50) -> str:
         """The last ``tail`` log lines of ``services`` (all when none), for a failure report."""

@@ -313,3 +313,37 @@ def test_the_image_layout_runs_the_fleet_from_its_path(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr  # it ran, and asks for its settings
     assert "ZKLOCK_HOSTS is not set" in done.stderr
+
+
+def test_down_runs_again_while_docker_still_holds_a_removed_container_s_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dockerd may answer "has active endpoints" for a network whose containers compose just
+    removed (a fresh-clone run beside another failed on it): down runs again until it goes
+    through; any other failure is raised at once."""
+    from workers import compose as compose_module
+
+    monkeypatch.setattr(compose_module, "DOWN_RETRY_DELAY", 0.0)
+    project = compose_module.ComposeProject("zklock-unit")
+    busy = compose_module.DockerError(
+        "error while removing network: network zklock-unit_coordination id 10fb has active "
+        "endpoints"
+    )
+    answers: list[Exception | None] = [busy, busy, None]
+    calls: list[tuple[str, ...]] = []
+
+    def compose(*args: str, timeout: float = 0.0) -> str:
+        calls.append(args)
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        return ""
+
+    monkeypatch.setattr(project, "compose", compose)
+    project.down()
+    assert len(calls) == 3 and all(call[0] == "down" for call in calls)
+
+    other = compose_module.DockerError("no such service")
+    answers[:] = [other]
+    with pytest.raises(compose_module.DockerError, match="no such service"):
+        project.down()
