@@ -9,9 +9,10 @@ re-sending the old one's), none 2P or more apart (a due time skipped) except acr
 after a crash, where Celery coalesces the due times of the gap into the one send made at once.
 The run counts the leaders recorded in ZooKeeper must equal the sends.
 
-A fault is injected only once the victim's last send is recorded in ZooKeeper: a send whose
-record never reached ZooKeeper is sent again by the next leader (the documented window,
-celery_zklock/beat.py), and these tests check the guarantee outside it.
+A fault is injected only while the victim is stopped at a moment when its last send is recorded
+in ZooKeeper (freeze_when_settled): a send whose record never reached ZooKeeper is sent again by
+the next leader (the documented window, celery_zklock/beat.py), and these tests check the
+guarantee outside it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -146,6 +147,34 @@ def pid_of(identity: str) -> int:
     return int(identity.rsplit(":", 1)[1])
 
 
+def freeze_when_settled(pid: int, settled: Callable[[], bool], timeout: float = 30.0) -> float:
+    """SIGSTOP the beat ``pid`` at a moment when ``settled()`` holds (every send it published is
+    in the queue, in the send records and in the state in ZooKeeper); return when it stopped.
+
+    Checked while the process is stopped, so nothing can change between the check and the fault;
+    when the check fails (stopped between a publish and its record), it is resumed and stopped
+    again a moment later. A fault a few milliseconds after a successful check instead would now
+    and then land inside that window (the documented resend, which these tests keep outside).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
+        if settled():
+            return stopped_at
+        os.kill(pid, signal.SIGCONT)
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"pid {pid}: its sends never settled within {timeout}s")
+        time.sleep(0.05)  # let it finish the send it was stopped in
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_three_beats_send_each_due_time_once_and_hand_over_on_stop(
     taskenv: tuple[Celery, dict[str, str], Path], redis_url: str, zk_client: KazooClient
 ) -> None:
@@ -193,18 +222,19 @@ def test_a_killed_leader_is_replaced_and_a_paused_one_sends_nothing_when_it_resu
     def by(pid: int, entry: str = "fast", since: float = 0.0) -> list[dict[str, Any]]:
         return [r for r in sends(tmp, entry) if r["pid"] == pid and r["time"] >= since]
 
-    def recorded_after(count: int) -> bool:
-        return len(sends(tmp)) > count and all_recorded(zk_client, settings, tmp)
+    def settled() -> bool:
+        return all_recorded(zk_client, settings, tmp) and queue_length(
+            redis_url, settings.name
+        ) == len(sends(tmp))
 
     with beats(env, tmp, 3, zk_client, settings) as processes:
         wait_for(lambda: len(contenders(zk_client, settings)) == 3, 60, "three beats contending")
         wait_for(lambda: sends(tmp, "slow"), 30, "the slow entry's first send")
         first_slow = sends(tmp, "slow")[0]
-        wait_for(lambda: all_recorded(zk_client, settings, tmp), 5, "the send recorded")
         leader1 = first_slow["pid"]
         (victim,) = [p for p in processes if p.pid == leader1]
+        killed_at = freeze_when_settled(leader1, settled)
         victim.kill()  # SIGKILL: the node goes only when the server expires the session
-        killed_at = time.time()
         wait_for(lambda: [r for r in sends(tmp) if r["pid"] != leader1], 20, "a takeover")
         first_new = next(r for r in sends(tmp) if r["pid"] != leader1)
         leader2 = first_new["pid"]
@@ -215,10 +245,9 @@ def test_a_killed_leader_is_replaced_and_a_paused_one_sends_nothing_when_it_resu
         wait_for(lambda: by(leader2, "slow"), 20, "the slow entry's second send")
         second_slow = by(leader2, "slow")[0]
 
-        seen = len(sends(tmp))
-        wait_for(lambda: recorded_after(seen), 10, "a recorded send by the second leader")
-        os.kill(leader2, signal.SIGSTOP)
-        stopped_at = time.time()
+        seen = len(by(leader2))
+        wait_for(lambda: len(by(leader2)) > seen, 10, "another send by the second leader")
+        stopped_at = freeze_when_settled(leader2, settled)
         wait_for(
             lambda: [r for r in sends(tmp) if r["pid"] not in (leader1, leader2)], 20,
             "a takeover from the paused leader",
