@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -141,6 +141,15 @@ class RunReport:
     """Section exits per second, from the first submission (without submissions, or when the
     submit times are more than a week before the exits, from the first exit)."""
     attempts: Mapping[str, int] = field(default_factory=dict)
+    broker_dropped_task_ids: tuple[str, ...] = ()
+    """Tasks with no final state that never started and whose message the broker no longer
+    held, in a run where the broker was restarted: dropped by the broker's transport before any
+    worker ran them (:mod:`workers.whereabouts`). Not counted in ``lost``; without a broker
+    restart in the run such tasks count as lost."""
+
+    @property
+    def broker_dropped(self) -> int:
+        return len(self.broker_dropped_task_ids)
 
     @property
     def ok(self) -> bool:
@@ -156,7 +165,7 @@ class RunReport:
             f"zklock-report: tasks={self.tasks} ran={self.ran} skipped={self.skipped} "
             f"failed={self.failed} lost={self.lost} violations={self.violations} "
             f"stale_writes_accepted={self.stale_writes_accepted} "
-            f"leftover_nodes={self.leftover_nodes}"
+            f"leftover_nodes={self.leftover_nodes} broker_dropped={self.broker_dropped}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -164,6 +173,7 @@ class RunReport:
         lists, numbers, strings, booleans, None): ``json.loads(json.dumps(d)) == d``."""
         data: dict[str, Any] = _plain(asdict(self))
         data["ok"] = self.ok
+        data["broker_dropped"] = self.broker_dropped
         data["report_line"] = self.report_line()
         return data
 
@@ -293,13 +303,16 @@ def check_run(
     events: Sequence[SectionEvent],
     faults: Sequence[FaultRecord],
     leftover_nodes: int,
+    never_delivered: Collection[str] = (),
 ) -> RunReport:
     """Check one run; see the module docstring for what each count means.
 
     ``submitted`` maps each task id sent to its submit time (``time.time()``); ``outcomes``
     holds the final states known at the end (a task missing from it is lost); ``events`` is the
     run's event list in Redis order; ``faults`` what the fault injector did; ``leftover_nodes``
-    the znodes left under the lock root after the run.
+    the znodes left under the lock root after the run; ``never_delivered`` the tasks without a
+    final state that never started and whose message is not in the broker (counted as
+    ``broker_dropped`` when a ``redis_restart`` fault ran, else as lost).
     """
     replay = _Replay()
     for position, event in enumerate(events):
@@ -332,6 +345,10 @@ def check_run(
         for position, section, inside in replay.raw_overlaps
     )
     tally = _tally(submitted, outcomes)
+    dropped: tuple[str, ...] = ()
+    if any(f.kind == "redis_restart" and f.ran for f in faults):
+        dropped = tuple(t for t in tally.lost if t in never_delivered)
+        tally.lost = [t for t in tally.lost if t not in never_delivered]
     start = min(submitted.values(), default=min((e.time for e in events), default=0.0))
     return RunReport(
         tasks=len(submitted),
@@ -367,6 +384,7 @@ def check_run(
         hold_seconds=tuple(replay.holds),
         throughput=_per_second(replay.exit_times, start),
         attempts=dict(replay.attempts),
+        broker_dropped_task_ids=dropped,
     )
 
 
@@ -458,6 +476,11 @@ def _summary(report: RunReport) -> list[str]:
     ]
     if r.lost_task_ids:
         lines.append("  lost (no final state): " + _first(r.lost_task_ids))
+    if r.broker_dropped_task_ids:
+        lines.append(
+            f"  dropped by the broker across its restarts (never started, message gone): "
+            f"{r.broker_dropped} ({_first(r.broker_dropped_task_ids)})"
+        )
     if r.ran_without_section:
         lines.append(f"  {r.ran_without_section} ran without an enter record (records missing)")
     lines.append(

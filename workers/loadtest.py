@@ -60,6 +60,7 @@ from workers.record import FAULT_KINDS, FaultLog, FaultRecord, Mode, SectionReco
 from workers.report import write_reports
 from workers.settings import POOLS, Settings
 from workers.tasks import TASK_FOR_MODE
+from workers.whereabouts import whereabouts
 
 __all__ = [
     "COMMAND",
@@ -76,6 +77,10 @@ __all__ = [
 
 POLL: Final = 0.25
 RESULT_KEY_PREFIX: Final = str(KeyValueStoreBackend.task_keyprefix)
+SEND_ATTEMPTS: Final = 5
+"""Times the sender tries to publish one task before it gives up (and stops sending)."""
+SEND_RETRY_INTERVAL: Final = 0.5
+"""Seconds between two of those tries."""
 RESERVE_SHARE: Final = 0.25
 """The last quarter of the plan is a reserve: while faults are still due it keeps sections open
 for them to aim at, instead of running out on the schedule."""
@@ -245,6 +250,8 @@ class _Progress:
         self.sending_done = threading.Event()
         self.collecting_done = threading.Event()
         self.send_error: BaseException | None = None
+        self.resent: list[str] = []
+        """Sends repeated after an error (task id: the error)."""
         self.collect_error: BaseException | None = None
 
     def in_flight(self) -> int:
@@ -289,12 +296,25 @@ def _send_all(
                         return
                 if faults_pending():
                     hold_ms = max(hold_ms, RESERVE_HOLD_MS)
-            result = app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
-                (run_id, item.key, hold_ms),
-                zklock={"on_busy": item.on_busy, "timeout": config.wait_timeout},
-            )
+            task_id = str(uuid.uuid4())
+            for attempt in range(1, SEND_ATTEMPTS + 1):
+                try:
+                    app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
+                        (run_id, item.key, hold_ms),
+                        task_id=task_id,
+                        zklock={"on_busy": item.on_busy, "timeout": config.wait_timeout},
+                    )
+                    break
+                except Exception as exc:
+                    # kombu 5.7's publish retry can itself fail across a broker restart
+                    # (AttributeError on a released connection): send the same task again.
+                    if attempt == SEND_ATTEMPTS:
+                        raise
+                    progress.resent.append(f"{task_id}: {exc!r}")
+                    if stop.wait(SEND_RETRY_INTERVAL):
+                        return
             with progress.lock:
-                progress.submitted[str(result.id)] = time.time()
+                progress.submitted[task_id] = time.time()
     except BaseException as exc:
         progress.send_error = exc
     finally:
@@ -681,6 +701,8 @@ def _drive(
     elapsed = time.monotonic() - started
     if progress.send_error is not None:
         say(f"sending stopped early: {progress.send_error!r}")
+    for line in progress.resent:
+        say(f"sent again after a failed publish: {line}")
     if progress.collect_error is not None:
         say(f"collecting results stopped early: {progress.collect_error!r}")
     for record in injector.records if injector is not None else ():
@@ -703,9 +725,31 @@ def _drive(
         events=events,
         faults=faults,
         leftover_nodes=leftovers,
+        never_delivered=_never_delivered(run, [t for t in submitted if t not in outcomes], say),
     )
     start = min(submitted.values(), default=None)
     return report, {"events": events, "faults": faults, "start": start}
+
+
+def _never_delivered(run: _Run, unsettled: Sequence[str], say: Callable[[str], None]) -> set[str]:
+    """Of the tasks without a final state, those that never started (no state at all in the
+    result backend: ``task_track_started`` stores STARTED before the body runs) and whose message
+    is nowhere in the broker. Says, for each, how far it got and where its message is."""
+    if not unsettled:
+        return set()
+    states = run.records.mget([f"{RESULT_KEY_PREFIX}{t}" for t in unsettled])
+    view = whereabouts(run.settings.broker_url, unsettled)
+    if view.error is not None:
+        say(f"  broker not readable for the unsettled tasks' messages: {view.error}")
+        return set()
+    for task_id, state in zip(unsettled, states, strict=True):
+        began = "never started" if state is None else f"last state {json.loads(state)['status']}"
+        place = view.places.get(task_id, "not in the broker")
+        say(f"  unsettled task {task_id}: {began}; its message: {place}")
+    if view.mutex_ttl is not None:
+        say(f"  kombu's restore mutex is held ({view.mutex_ttl} s left): no redelivery until then")
+    never_started = {t for t, state in zip(unsettled, states, strict=True) if state is None}
+    return never_started - set(view.places)
 
 
 def _injector(config: LoadConfig, run: _Run) -> FaultInjector:

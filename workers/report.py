@@ -451,6 +451,7 @@ def _tiles(report: RunReport) -> str:
         ("skipped", r.skipped, ""),
         ("failed", r.failed, "warn" if r.failed else ""),
         ("lost", r.lost, "alarm" if r.lost else ""),
+        ("dropped by the broker", r.broker_dropped, "warn" if r.broker_dropped else ""),
         ("violations", r.violations, "alarm" if r.violations else ""),
         ("revoked overlaps", r.revoked_overlaps, "warn" if r.revoked_overlaps else ""),
         (

@@ -31,7 +31,8 @@ from workers.record import FAULT_KINDS
 REPORT_LINE = re.compile(
     r"^zklock-report: tasks=(?P<tasks>\d+) ran=(?P<ran>\d+) skipped=(?P<skipped>\d+) "
     r"failed=(?P<failed>\d+) lost=(?P<lost>\d+) violations=(?P<violations>\d+) "
-    r"stale_writes_accepted=(?P<stale>\d+) leftover_nodes=(?P<leftover>\d+)$"
+    r"stale_writes_accepted=(?P<stale>\d+) leftover_nodes=(?P<leftover>\d+) "
+    r"broker_dropped=(?P<dropped>\d+)$"
 )
 
 
@@ -114,6 +115,13 @@ def _run(config: LoadConfig, capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return status, out, {name: int(value) for name, value in match.groupdict().items()}
 
 
+def _verdict_first(out: str) -> str:
+    """A run's output with its verdict (from the settle line on) first: a CI log that shows
+    only part of a long failure message still shows which tasks went wrong and why."""
+    at = out.find("tasks sent and settled")
+    return out if at < 0 else f"{out[at:]}\n--- the whole run ---\n{out}"
+
+
 def _report(out_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((out_dir / "report.json").read_text())
     return data
@@ -162,12 +170,17 @@ def test_every_fault_three_times_over_an_ensemble(
     started = time.monotonic()
     status, out, counts = _run(config, capsys)
     took = time.monotonic() - started
+    verdict = _verdict_first(out)
     assert counts["tasks"] == 150
-    assert counts["violations"] == 0, out
-    assert counts["stale"] == 0, out
-    assert counts["lost"] == 0, out
-    assert counts["leftover"] == 0, out
-    assert status == 0, out
+    assert counts["violations"] == 0, verdict
+    assert counts["stale"] == 0, verdict
+    assert counts["lost"] == 0, verdict
+    assert counts["leftover"] == 0, verdict
+    # kombu's Redis transport may drop a message the broker was handing out when it is killed
+    # (workers/whereabouts.py; never started, so no lock was involved): rare, a few in a hundred
+    # restarts here, and bounded here by the restarts.
+    assert counts["dropped"] <= config.faults["redis_restart"], verdict
+    assert status == 0, verdict
     report = _report(tmp_path)
     faults = report["faults_by_kind"]
     not_run_details = [f"{f['kind']}: {f['detail']}" for f in report["faults_not_run"]]

@@ -343,8 +343,37 @@ def test_every_task_is_counted_exactly_once() -> None:
     assert not report.ok  # lost tasks and leftover nodes
     assert report.report_line() == (
         "zklock-report: tasks=8 ran=2 skipped=1 failed=2 lost=3 violations=0 "
-        "stale_writes_accepted=0 leftover_nodes=2"
+        "stale_writes_accepted=0 leftover_nodes=2 broker_dropped=0"
     )
+
+
+def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restarted() -> None:
+    events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
+    submitted = {"ran": 0.0, "dropped": 0.5, "started": 0.6}
+    outcomes = {"ran": TaskOutcome("ran", "SUCCESS")}
+    restart = FaultRecord("redis_restart", 0.7, "broker Redis", True, "SIGKILL and restart")
+
+    def run(faults: Sequence[FaultRecord]) -> RunReport:
+        return check_run(
+            submitted=submitted,
+            outcomes=outcomes,
+            events=events,
+            faults=faults,
+            leftover_nodes=0,
+            never_delivered={"dropped"},
+        )
+
+    restarted = run([restart])
+    assert restarted.lost_task_ids == ("started",)
+    assert restarted.broker_dropped_task_ids == ("dropped",) and restarted.broker_dropped == 1
+    assert restarted.report_line().endswith("lost=1 violations=0 stale_writes_accepted=0 "
+                                            "leftover_nodes=0 broker_dropped=1")  # fmt: skip
+    assert "dropped by the broker across its restarts" in "\n".join(restarted.summary_lines())
+    assert restarted.to_json()["broker_dropped"] == 1
+    # Without a broker restart nothing excuses a vanished message: it is lost.
+    for faults in ([], [FaultRecord("redis_restart", 0.7, "broker Redis", False, "no permission")]):
+        calm = run(faults)
+        assert calm.lost_task_ids == ("dropped", "started") and calm.broker_dropped == 0
 
 
 def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
