@@ -46,6 +46,7 @@ __all__ = [
     "make_temp_dir",
     "pid_alive",
     "port_has_listener",
+    "process_state",
     "remove_temp_dir",
     "start_with_retries",
     "stop_all_children",
@@ -180,14 +181,19 @@ def listener_is_owned_by(pid: int, port: int) -> bool:
 # ------------------------------------------------------------------------------ process tree
 
 
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists and is not a zombie."""
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in /proc (``R``, ``S``, ``T`` stopped, ``Z``...), or
+    None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
+            return fh.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def descendants(pid: int) -> set[int]:

@@ -42,7 +42,7 @@ from celery_zklock.beat import (
     decode_state,
     encode_state,
 )
-from celery_zklock.testing.processes import ChildProcess
+from celery_zklock.testing.processes import ChildProcess, process_state
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
@@ -167,12 +167,6 @@ def freeze_when_settled(pid: int, settled: Callable[[], bool], timeout: float = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"pid {pid}: its sends never settled within {timeout}s")
         time.sleep(0.05)  # let it finish the send it was stopped in
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` in /proc (``T``: stopped)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_three_beats_send_each_due_time_once_and_hand_over_on_stop(
