@@ -34,7 +34,6 @@ from benchmarks.celery_app import (
     QUEUE_PREFIX,
     SINGLETON,
     SPANS_PREFIX,
-    UNAVAILABLE,
     ZKLOCK_SHARED,
     ZKLOCK_SKIP,
     ZKLOCK_WAIT,
@@ -48,11 +47,11 @@ from benchmarks.common import (
     paired,
     percentile,
     pin_process,
-    rotated,
     spread,
     taskset_unavailable,
     thread_affinities,
 )
+from benchmarks.contenders import Contender, Tally, section_settings
 from celery_zklock.session import close_clients
 from celery_zklock.testing import ZooKeeperServer
 from celery_zklock.testing.celery_worker import CeleryWorker, celery_command, wait_until_answering
@@ -60,18 +59,6 @@ from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
 from workers.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One kind of task; ``baseline`` is the label its ratios and differences are taken to."""
-
-    label: str
-    task: str
-    package: str
-    what: str
-    baseline: str | None = "plain"
-
 
 CONTENDERS: tuple[Contender, ...] = (
     Contender("plain", PLAIN, "celery", "plain no-op task", baseline=None),
@@ -358,14 +345,8 @@ def run_section(
     progress: Progress,
 ) -> dict[str, Any]:
     """Section 4: one pinned worker, every contender, ``repeats`` batches each, rotated."""
-    settings = Settings(
-        zk_hosts=zk_server.hosts,
-        broker_url=redis_url,
-        result_backend=redis_url,
-        record_url=redis_url,
-        pool=POOL,
-        concurrency=CONCURRENCY,
-        zk_root="/bench-celery",
+    settings = section_settings(
+        zk_server, redis_url, "/bench-celery", pool=POOL, concurrency=CONCURRENCY
     )
     app = create_app(settings)
     client = redis.Redis.from_url(redis_url)
@@ -383,8 +364,7 @@ def run_section(
     )
     log_dir = make_temp_dir("zklock-bench-celery-")
     worker: CeleryWorker | None = None
-    status: dict[str, str] = {}
-    samples: dict[str, list[dict[str, Any]]] = {}
+    tally = Tally()
     idle: dict[str, float | None] = {}
     try:
         worker = _start_worker(settings, log_dir, layout)
@@ -392,42 +372,20 @@ def run_section(
         wait_until_answering(app, [worker], WORKER_READY_TIMEOUT_S)
         progress(f"celery: worker ready in {time.monotonic() - started:.1f} s")
         bench = Bench(app, worker, client, zk_pid, redis_pid, zk_server.port)
-        measured: list[Contender] = []
-        for contender in CONTENDERS:
-            if contender.task in UNAVAILABLE or contender.task not in app.tasks:
-                reason = UNAVAILABLE.get(contender.task, "not registered")
-                status[contender.label] = f"not measured: {reason}"
-                continue
-            try:
-                _batch(bench, contender, f"{contender.label}-warm", warmup)
-            except Exception as exc:
-                status[contender.label] = (
-                    f"not measured: {contender.package} failed its warm-up batch: {exc!r}"[:500]
-                )
-                continue
-            status[contender.label] = "ok"
-            measured.append(contender)
-            samples[contender.label] = []
+
+        def run(contender: Contender, tag: str, size: int) -> dict[str, Any]:
+            return _batch(bench, contender, tag, size)
+
+        measured = tally.warm_up(CONTENDERS, app.tasks, run, warmup)
         layout["worker_affinity"] = _worker_affinity(worker)
         idle = _idle_cpu(bench, IDLE_SECONDS)
         progress(f"celery: warm-up done; measuring {', '.join(c.label for c in measured)}")
-        for rep in range(repeats):
-            for contender in rotated(measured, rep):
-                if status[contender.label] != "ok":
-                    continue
-                try:
-                    sample = _batch(bench, contender, f"{contender.label}-r{rep}", batch)
-                except Exception as exc:
-                    status[contender.label] = f"failed during repetition {rep + 1}: {exc!r}"[:500]
-                    continue
-                samples[contender.label].append(sample)
+        for rep, done in tally.repeat(measured, repeats, run, batch):
             progress(
                 f"celery: repetition {rep + 1}/{repeats}: "
                 + ", ".join(
-                    f"{c.label} {samples[c.label][-1]['tasks_per_s']:.0f}/s "
-                    f"{samples[c.label][-1]['cpu_ms_per_task']:.2f} ms CPU"
-                    for c in measured
-                    if len(samples[c.label]) == rep + 1
+                    f"{label} {sample['tasks_per_s']:.0f}/s {sample['cpu_ms_per_task']:.2f} ms CPU"
+                    for label, sample in done
                 )
             )
     finally:
@@ -438,7 +396,7 @@ def run_section(
         close_clients()
         client.close()
         app.close()
-    results = _summarise(samples, status, repeats)
+    results = _summarise(tally, repeats)
     return {
         "config": {
             "batch": batch,
@@ -466,20 +424,18 @@ def run_section(
     }
 
 
-def _summarise(
-    samples: dict[str, list[dict[str, Any]]], status: dict[str, str], repeats: int
-) -> dict[str, dict[str, Any]]:
+def _summarise(tally: Tally, repeats: int) -> dict[str, dict[str, Any]]:
     """Median and spread of every figure; ratios and differences to the baseline per
     repetition (the two contenders' batches of the same repetition)."""
     results: dict[str, dict[str, Any]] = {}
     complete: dict[str, list[dict[str, Any]]] = {}
     for contender in CONTENDERS:
-        runs = samples.get(contender.label, [])
-        ok = status.get(contender.label) == "ok" and len(runs) == repeats
+        runs = tally.samples.get(contender.label, [])
+        ok = tally.status.get(contender.label) == "ok" and len(runs) == repeats
         if ok:
             complete[contender.label] = runs
         changed = sum(1 for r in runs if r["worker_processes_changed"])
-        state = status.get(contender.label, "not measured")
+        state = tally.status.get(contender.label, "not measured")
         if changed:  # a pool process replaced mid-batch: its CPU is missing from that batch
             state += f"; worker process tree changed in {changed} batch(es)"
         entry: dict[str, Any] = {

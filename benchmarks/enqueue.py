@@ -13,7 +13,6 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -25,31 +24,18 @@ from benchmarks.celery_app import (
     ONCE,
     PLAIN,
     SINGLETON,
-    UNAVAILABLE,
     ZKLOCK_DEDUPE,
     ZKLOCK_SKIP,
     create_app,
 )
-from benchmarks.common import Progress, median, mntr, percentile, ratio, rotated
+from benchmarks.common import Progress, median, mntr, percentile, ratio
+from benchmarks.contenders import Contender, Tally, section_settings
 from celery_zklock.session import close_clients
 from celery_zklock.testing import ZooKeeperServer
-from workers.settings import Settings
 
 ROOT = "/bench-enqueue"
 #: Redis key patterns of the two Redis libraries' locks (their defaults).
 REDIS_LOCK_PATTERNS = ("SINGLETONLOCK_*", "qo_*")
-
-
-@dataclass(frozen=True)
-class Contender:
-    """One way of sending: ``hit`` times calls on one key an untimed first call queued."""
-
-    label: str
-    task: str
-    package: str
-    what: str
-    hit: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -248,55 +234,23 @@ def run_section(
     progress: Progress,
 ) -> dict[str, Any]:
     """Section 6: every contender, ``repeats`` timed batches of ``calls`` calls each."""
-    settings = Settings(
-        zk_hosts=zk_server.hosts,
-        broker_url=redis_url,
-        result_backend=redis_url,
-        record_url=redis_url,
-        zk_root=ROOT,
-    )
-    app = create_app(settings)
+    app = create_app(section_settings(zk_server, redis_url, ROOT))
     probes = Probes(app, zk_server.port, redis_url)
     zk = KazooClient(hosts=zk_server.hosts, timeout=30.0)
     zk.start(timeout=60)
-    status: dict[str, str] = {}
-    samples: dict[str, list[dict[str, Any]]] = {}
+    tally = Tally()
+
+    def run(contender: Contender, tag: str, size: int) -> dict[str, Any]:
+        return _batch(app, contender, tag, size, probes, zk)
+
     try:
         probes.purge()
-        measured: list[Contender] = []
-        for contender in CONTENDERS:
-            if contender.task in UNAVAILABLE or contender.task not in app.tasks:
-                reason = UNAVAILABLE.get(contender.task, "not registered")
-                status[contender.label] = f"not measured: {reason}"
-                continue
-            try:
-                _batch(app, contender, f"{contender.label}-warm", warmup, probes, zk)
-            except Exception as exc:
-                status[contender.label] = (
-                    f"not measured: {contender.package} failed its warm-up batch: {exc!r}"[:500]
-                )
-                continue
-            status[contender.label] = "ok"
-            measured.append(contender)
-            samples[contender.label] = []
+        measured = tally.warm_up(CONTENDERS, app.tasks, run, warmup)
         progress(f"enqueue: warm-up done; measuring {', '.join(c.label for c in measured)}")
-        for rep in range(repeats):
-            for contender in rotated(measured, rep):
-                if status[contender.label] != "ok":
-                    continue
-                try:
-                    sample = _batch(app, contender, f"{contender.label}-r{rep}", calls, probes, zk)
-                except Exception as exc:
-                    status[contender.label] = f"failed during repetition {rep + 1}: {exc!r}"[:500]
-                    continue
-                samples[contender.label].append(sample)
+        for rep, done in tally.repeat(measured, repeats, run, calls):
             progress(
                 f"enqueue: repetition {rep + 1}/{repeats}: p50 "
-                + ", ".join(
-                    f"{c.label} {samples[c.label][-1]['p50_ms']:.3f} ms"
-                    for c in measured
-                    if len(samples[c.label]) == rep + 1
-                )
+                + ", ".join(f"{label} {sample['p50_ms']:.3f} ms" for label, sample in done)
             )
     finally:
         probes.close()
@@ -306,10 +260,10 @@ def run_section(
         app.close()
     results: dict[str, dict[str, Any]] = {}
     for contender in CONTENDERS:
-        runs = samples.get(contender.label, [])
-        ok = status.get(contender.label) == "ok" and len(runs) == repeats
+        runs = tally.samples.get(contender.label, [])
+        ok = tally.status.get(contender.label) == "ok" and len(runs) == repeats
         entry: dict[str, Any] = {
-            "status": status.get(contender.label, "not measured"),
+            "status": tally.status.get(contender.label, "not measured"),
             "what": contender.what,
             "package": contender.package,
             "per_repeat": runs,

@@ -279,13 +279,7 @@ def histogram_svg(values: Sequence[float], title: str, floor: float = FLOOR) -> 
     peak = max(bins.counts)
     base = top + plot_h
     parts = [f'<text class="title" x="{left}" y="16">{escape(title)} (n={len(values)})</text>']
-    for fraction in (0.5, 1.0):
-        gy = base - plot_h * fraction
-        parts.append(
-            f'<line class="grid" x1="{left}" y1="{gy:.1f}" x2="{left + plot_w}" y2="{gy:.1f}"/>'
-            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end">'
-            f"{_count_label(peak * fraction)}</text>"
-        )
+    parts += _grid(left, plot_w, base, plot_h, peak)
     for index, count in enumerate(bins.counts):
         if count:
             x0, x1 = x(bins.edges[index]), x(bins.edges[index + 1])
@@ -296,23 +290,9 @@ def histogram_svg(values: Sequence[float], title: str, floor: float = FLOOR) -> 
                 f"{format_seconds(bins.edges[index])} to {format_seconds(bins.edges[index + 1])}"
                 "</title></rect>"
             )
-    for tick in _log_ticks(bins.edges[0], bins.edges[-1]):
-        tx = x(tick)
-        parts.append(
-            f'<line class="axis" x1="{tx:.1f}" y1="{base}" x2="{tx:.1f}" y2="{base + 4}"/>'
-            f'<text x="{tx:.1f}" y="{base + 16}" text-anchor="middle">'
-            f"{format_seconds(tick)}</text>"
-        )
-    parts.append(
-        f'<line class="axis" x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}"/>'
-        f'<text x="{left + plot_w}" y="{base + 32}" text-anchor="end">log scale'
-        + (
-            f"; {bins.clipped} under {format_seconds(floor)} counted in the first bar"
-            if bins.clipped
-            else ""
-        )
-        + "</text>"
-    )
+    ticks = [(x(tick), format_seconds(tick)) for tick in _log_ticks(bins.edges[0], bins.edges[-1])]
+    clipped = f"; {bins.clipped} under {format_seconds(floor)} counted in the first bar"
+    parts += _x_axis(left, plot_w, base, ticks, "log scale" + (clipped if bins.clipped else ""))
     for (value, name), row, (x0, _) in zip(marks, rows, spans, strict=True):
         ty = LABEL_TOP + LABEL_ROW * row
         parts.append(
@@ -335,13 +315,7 @@ def series_svg(counts: Sequence[int], title: str, x_label: str) -> str:
     step = plot_w / len(counts)
     base = top + plot_h
     parts = [f'<text class="title" x="{left}" y="16">{escape(title)}</text>']
-    for fraction in (0.5, 1.0):
-        gy = base - plot_h * fraction
-        parts.append(
-            f'<line class="grid" x1="{left}" y1="{gy:.1f}" x2="{left + plot_w}" y2="{gy:.1f}"/>'
-            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end">'
-            f"{_count_label(peak * fraction)}</text>"
-        )
+    parts += _grid(left, plot_w, base, plot_h, peak)
     for index, count in enumerate(counts):
         if count:
             h = plot_h * count / peak
@@ -350,17 +324,44 @@ def series_svg(counts: Sequence[int], title: str, x_label: str) -> str:
                 f'width="{max(step - 1, 0.5):.2f}" height="{h:.2f}"><title>{count}</title></rect>'
             )
     tick = nice_step(len(counts))
-    for i in range(int(len(counts) / tick) + 1):
-        tx = left + i * tick * step
-        parts.append(
-            f'<line class="axis" x1="{tx:.1f}" y1="{base}" x2="{tx:.1f}" y2="{base + 4}"/>'
-            f'<text x="{tx:.1f}" y="{base + 16}" text-anchor="middle">{i * tick:g}</text>'
-        )
-    parts.append(
-        f'<line class="axis" x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}"/>'
-        f'<text x="{left + plot_w}" y="{base + 32}" text-anchor="end">{escape(x_label)}</text>'
-    )
+    ticks = [(left + i * tick * step, f"{i * tick:g}") for i in range(int(len(counts) / tick) + 1)]
+    parts += _x_axis(left, plot_w, base, ticks, escape(x_label))
     return _svg("".join(parts), title, SERIES_WIDTH, height)
+
+
+def _grid(left: int, plot_w: int, base: int, plot_h: int, peak: float) -> list[str]:
+    """The horizontal grid of a bar chart: a line at half and at full height of a plot ``plot_w``
+    wide from ``left``, whose bars stand on ``base`` and reach ``plot_h`` up at count ``peak``,
+    each labelled with its count left of the plot."""
+    # ints: some coordinates are written as they are, and "44.0" would change the markup
+    lines = []
+    for fraction in (0.5, 1.0):
+        gy = base - plot_h * fraction
+        lines.append(
+            f'<line class="grid" x1="{left}" y1="{gy:.1f}" x2="{left + plot_w}" y2="{gy:.1f}"/>'
+            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end">'
+            f"{_count_label(peak * fraction)}</text>"
+        )
+    return lines
+
+
+def _x_axis(
+    left: int, plot_w: int, base: int, ticks: Sequence[tuple[float, str]], caption: str
+) -> list[str]:
+    """The x axis of a chart along ``base``: a tick mark with its label under it at each
+    ``(x, label)`` of ``ticks``, then the axis line from ``left`` across ``plot_w`` with
+    ``caption`` under its right end. Labels and caption are markup, inserted as given (escape
+    any text first)."""
+    marks = [
+        f'<line class="axis" x1="{tx:.1f}" y1="{base}" x2="{tx:.1f}" y2="{base + 4}"/>'
+        f'<text x="{tx:.1f}" y="{base + 16}" text-anchor="middle">{label}</text>'
+        for tx, label in ticks
+    ]
+    marks.append(
+        f'<line class="axis" x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}"/>'
+        f'<text x="{left + plot_w}" y="{base + 32}" text-anchor="end">{caption}</text>'
+    )
+    return marks
 
 
 def _log_ticks(low: float, high: float) -> list[float]:
