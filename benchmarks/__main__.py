@@ -10,7 +10,9 @@ all on one Redis; see :mod:`benchmarks.common`):
    worker, ZooKeeper pinned to one CPU and the worker with Redis to the other;
 5. :mod:`benchmarks.scale` - 100,000 distinct keys, znodes left, ZooKeeper memory;
 6. :mod:`benchmarks.enqueue` - what ``apply_async`` costs the caller with enqueue-time dedupe,
-   ours vs plain, celery-singleton and celery-once (no worker).
+   ours vs plain, celery-singleton and celery-once (no worker);
+7. :mod:`benchmarks.task_layer` - the CPU a locked task call adds over the recipe's own cycle,
+   in one process, ZooKeeper pinned to one CPU and the caller to the other.
 
 It writes ``benchmarks/results/latest.json`` (every figure, every repetition, the machine) and
 ``benchmarks/results/latest.md`` (the tables, the targets first), and prints the Markdown. A
@@ -35,7 +37,7 @@ from typing import Any
 
 import redis
 
-from benchmarks import celery_fleet, contention, enqueue, herd, recipes, scale
+from benchmarks import celery_fleet, contention, enqueue, herd, recipes, scale, task_layer
 from benchmarks.common import (
     MIN_REPEATS,
     ZK_SETTINGS,
@@ -49,7 +51,7 @@ from benchmarks.report import render_markdown, targets
 from celery_zklock.validate import argument, positive_int
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("recipes", "contention", "herd", "celery", "scale", "enqueue")
+SECTIONS = ("recipes", "contention", "herd", "celery", "scale", "enqueue", "tasklayer")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Sizes:
     scale_processes: int = 8
     enqueue_calls: int = 1000
     enqueue_warmup: int = 100
+    task_layer_calls: int = 2000
+    task_layer_warmup: int = 300
 
 
 FULL = Sizes()
@@ -87,6 +91,8 @@ QUICK = Sizes(
     scale_processes=4,
     enqueue_calls=50,
     enqueue_warmup=10,
+    task_layer_calls=100,
+    task_layer_warmup=20,
 )
 
 
@@ -186,6 +192,13 @@ def _run_sections(
             redis_url,
             calls=sizes.enqueue_calls,
             warmup=sizes.enqueue_warmup,
+            repeats=sizes.repeats,
+            progress=progress,
+        ),
+        "tasklayer": lambda zk: task_layer.run_section(
+            zk,
+            calls=sizes.task_layer_calls,
+            warmup=sizes.task_layer_warmup,
             repeats=sizes.repeats,
             progress=progress,
         ),

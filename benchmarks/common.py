@@ -156,11 +156,12 @@ def rotated(items: Sequence[Any], rep: int) -> list[Any]:
 # ------------------------------------------------------------------------------------ the stack
 
 
-#: Section -> its changes to ZK_SETTINGS. The task-level section runs ZooKeeper's own default
+#: Section -> its changes to ZK_SETTINGS. The task-level sections run ZooKeeper's own default
 #: container check (60 s), as production does: the tests' 300 ms makes the server reap the idle
 #: container of a lock name between two tasks, and every fresh key then pays a NoNode retry.
 ZK_SETTINGS_OF_SECTION: dict[str, dict[str, Any]] = {
     "celery": {"container_check_interval_ms": 60_000},
+    "tasklayer": {"container_check_interval_ms": 60_000},
 }
 
 

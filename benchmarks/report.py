@@ -16,6 +16,7 @@ from benchmarks.celery_fleet import (
 )
 from benchmarks.herd import TARGET_PER_RELEASE
 from benchmarks.recipes import TARGET_RATIO, TARGET_VS_KAZOO
+from benchmarks.task_layer import TARGET_TASK_LAYER_MS
 
 MET = "yes"
 MISSED = "**no**"
@@ -177,6 +178,22 @@ def _celery_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _task_layer_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    added = section["task_layer_cpu_ms"]
+    results = section["results"]
+    return [
+        _target(
+            "7",
+            f"the task layer adds at most {TARGET_TASK_LAYER_MS:g} ms of CPU over the recipe's "
+            "own cycle (median of per-repetition zklock - recipe)",
+            f"{_spread_cell(added, 3, signed=True)} ms "
+            f"({_spread_cell(results['zklock']['cpu_ms_per_call'], 3)} vs "
+            f"{_spread_cell(results['recipe']['cpu_ms_per_call'], 3)} ms)",
+            None if added is None else added["median"] <= TARGET_TASK_LAYER_MS,
+        )
+    ]
+
+
 def _scale_targets(section: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
     ours = section["ours"]
     keys = ours["keys"]
@@ -199,6 +216,7 @@ def targets(sections: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
         ("contention", _contention_targets),
         ("herd", _herd_targets),
         ("celery", _celery_targets),
+        ("tasklayer", _task_layer_targets),
     )
     rows: list[dict[str, Any]] = []
     for name, check in checks:
@@ -515,6 +533,39 @@ def _enqueue_md(section: dict[str, Any]) -> list[str]:
     ]
 
 
+def _task_layer_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    layout = config["layout"]
+    where = (
+        f"ZooKeeper on CPU {layout['zk_cpu']}, this process on CPU {layout['caller_cpu']}"
+        if layout["pinned"]
+        else layout["reason"]
+    )
+    rows = [
+        [
+            f"`{name}`",
+            _spread_cell(entry["cpu_ms_per_call"], 3),
+            _spread_cell(entry["wall_ms_per_call"], 3),
+            _spread_cell(entry["zk_requests_per_call"], 2),
+        ]
+        for name, entry in section["results"].items()
+    ]
+    return [
+        f"One process ({where}), one client; {config['calls']:,} calls per contender and "
+        f"repetition after {config['warmup']:,} to warm up, {config['repeats']} repetitions, "
+        "contenders interleaved in an order rotated per repetition, every call on a key never "
+        "used before. CPU is `time.process_time()` of the whole process (kazoo's threads "
+        "included); ZooKeeper requests are counted by the server (`mntr` "
+        "`zk_packets_received`). Each cell: median [min .. max; IQR] over repetitions.",
+        "",
+        *_table(["contender", "CPU ms / call", "wall ms / call", "ZK requests / call"], rows),
+        "",
+        f"Task layer (zklock - recipe, per repetition): CPU "
+        f"{_spread_cell(section['task_layer_cpu_ms'], 3, signed=True)} ms, wall "
+        f"{_spread_cell(section['task_layer_wall_ms'], 3, signed=True)} ms.",
+    ]
+
+
 SECTION_TITLES = {
     "recipes": "1. Recipe level, uncontended: acquire + release",
     "contention": "2. Contention on one key",
@@ -522,6 +573,7 @@ SECTION_TITLES = {
     "celery": "4. Celery level: task throughput, worker CPU and span on a real worker",
     "scale": "5. Scale: distinct keys through the lock",
     "enqueue": "6. Enqueue: what apply_async with dedupe costs the caller",
+    "tasklayer": "7. Task layer: what a locked task call adds over the recipe, in one process",
 }
 RENDERERS = {
     "recipes": _recipes_md,
@@ -530,6 +582,7 @@ RENDERERS = {
     "celery": _celery_md,
     "scale": _scale_md,
     "enqueue": _enqueue_md,
+    "tasklayer": _task_layer_md,
 }
 
 
