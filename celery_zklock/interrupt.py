@@ -51,6 +51,14 @@ LEGACY_SIGNAL_ENV = "ZKLOCK_REVOKE_SIGNAL"
 DEFAULT_SIGNAL = "SIGUSR2"
 
 _tokens = itertools.count(1)
+
+try:
+    # The C function that signal.signal wraps: the wrapper turns the handler it returns into an
+    # enum member by trying Handlers(handler), which raises and catches for a function (ours,
+    # on every disarm) and costs several times the system call.
+    from _signal import signal as _set_handler  # type: ignore[import-not-found, unused-ignore]
+except ImportError:  # pragma: no cover - not CPython
+    _set_handler = signal.signal
 _REALTIME = re.compile(r"^SIGRT(MIN|MAX)(?:([+-])(\d+))?$")
 
 
@@ -157,7 +165,7 @@ class _MainThreadSignal(Interruption):
         cls = _MainThreadSignal
         if not cls._armed:
             cls._pending.clear()
-            cls._previous = signal.signal(signum, cls._handler)
+            cls._previous = _set_handler(signum, cls._handler)
             cls._signum = signum
         cls._armed.append(self.token)
 
@@ -187,7 +195,7 @@ class _MainThreadSignal(Interruption):
         for token in gone:
             cls._pending.pop(token, None)
         if not cls._armed and cls._signum is not None:
-            signal.signal(cls._signum, cls._previous)
+            _set_handler(cls._signum, cls._previous)
             cls._previous = cls._signum = None
 
 

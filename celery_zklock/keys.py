@@ -62,7 +62,7 @@ import reprlib
 import string
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, cast
 
 from celery_zklock.errors import ConfigurationError
 
@@ -648,7 +648,12 @@ class KeyBuilder:
             arguments = {name: arguments[name] for name in self._names}
         out: dict[str, _Json] = {}
         for name, value in arguments.items():
-            out[name] = self._encode(value, name, f"argument {name!r}")
+            kind = type(value)
+            # The common arguments are their own canonical form: skip _normalise's dispatch.
+            if value is None or kind is str or (kind is int and cast(int, value).bit_length() < 64):
+                out[name] = cast(_Json, value)
+            else:
+                out[name] = self._encode(value, name, f"argument {name!r}")
         return _wrap_dict(out)
 
     def _encode(self, value: object, path: str, where: str) -> _Json:

@@ -74,6 +74,7 @@ class LockedRun:
         self.started = time.monotonic()
         self.granted_at: float | None = None
         self.lost_told = False
+        self.lost_told_event: threading.Event | None = None
 
     def run(self, body: Callable[[], Any]) -> Any:
         """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
@@ -243,10 +244,11 @@ class LockedRun:
         emit(task, "acquired", path, task_id=task_id, token=lease.token, mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
-        told = threading.Event()
 
         def on_lost(reason: str) -> None:
-            # The lease clock's thread: interrupt first, then tell (log, receivers).
+            # The lease clock's thread: interrupt first, then tell (log, receivers). The event
+            # exists before lost_told says so (made only when lost: most runs never need one).
+            told = self.lost_told_event = threading.Event()
             self.lost_told = True
             try:
                 if interruption is not None:
@@ -274,8 +276,8 @@ class LockedRun:
                 lease.remove_on_lost(on_lost)
                 if stack and stack[-1] is lease:
                     stack.pop()
-                if self.lost_told:  # receivers hear "lost" before "released"
-                    told.wait(LOST_TELL_WAIT)
+                if self.lost_told and self.lost_told_event is not None:
+                    self.lost_told_event.wait(LOST_TELL_WAIT)  # "lost" is heard before "released"
 
     def _release(self) -> None:
         lease = self.lease

@@ -116,6 +116,33 @@ def test_all_arguments_is_the_key_of_the_bound_dict() -> None:
     assert keys.canonical((42,), {}) == '{"account_id":42,"full":0}'
 
 
+def test_arguments_taken_as_they_are_get_the_key_of_the_general_encoding() -> None:
+    """Plain str, int and None arguments skip the general encoding; every value near that
+    shortcut's edges (bool, int subclasses, huge ints, str subclasses) gets the same key as
+    the general encoding of the bound arguments gives."""
+
+    class Number(int):
+        def __repr__(self) -> str:
+            return "spoofed"
+
+    class Text(str):
+        def __str__(self) -> str:
+            return "spoofed"
+
+    def task(a: object, b: object = None) -> None: ...
+
+    values: list[object] = [
+        None, "", "x", "~/é", 0, -1, 2**63 - 1, -(2**63), 2**63, 2**64, -(2**64), 10**400,
+        True, False, Number(7), Text("t"), Level.LOW, Color.BLUE, 1.0, 0.5, [1], {"__t": 1},
+    ]  # fmt: skip
+    keys, names = builder(task, None), builder(task, ["a"])
+    for value in values:
+        assert keys((value,), {}) == key_for_value({"a": value, "b": None}), value
+        assert keys((), {"a": 1, "b": value}) == key_for_value({"a": 1, "b": value}), value
+        assert names((value,), {}) == key_for_value({"a": value}), value
+    assert keys((True,), {}) == keys((1,), {}) and keys((Number(7),), {}) == keys((7,), {})
+
+
 def test_named_arguments_only_and_defaults_applied() -> None:
     by_account = builder(sync_account, ["account_id"])
     assert by_account((42,), {}) == by_account((42, True), {}) == by_account((), {"account_id": 42})
