@@ -139,6 +139,13 @@ class _RedisList(Generic[_R]):
         """Append ``record``."""
         self._redis.rpush(self.key, record.to_json())
 
+    def record_once(self, record: _R) -> None:
+        """Append ``record`` unless the list already holds it (an append that was interrupted
+        after Redis took it)."""
+        text = record.to_json()
+        if self._redis.lpos(self.key, text) is None:
+            self._redis.rpush(self.key, text)
+
     def _read(self, parse: Callable[[bytes], _R]) -> list[_R]:
         return [parse(raw) for raw in self._redis.lrange(self.key, 0, -1)]
 

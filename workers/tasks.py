@@ -35,6 +35,7 @@ __all__ = [
     "SHARED_TASK",
     "TASK_FOR_MODE",
     "fence_namespace",
+    "record_exit",
     "register_tasks",
     "run_section",
 ]
@@ -109,8 +110,23 @@ def run_section(
         outcome = f"error:{type(exc).__name__}"
         raise
     finally:
-        recorder.record(replace(enter, kind="exit", time=time.time(), outcome=outcome))
+        record_exit(recorder, replace(enter, kind="exit", time=time.time(), outcome=outcome))
     return _result(enter, written)
+
+
+def record_exit(recorder: SectionRecorder, exit_event: SectionEvent) -> None:
+    """Append ``exit_event``, also when the lease's interruption lands while it is written.
+
+    A body that sees the loss first (``lock.check()`` raises LockLost) is still armed until its
+    run ends, so the signal the lease clock sends a moment later raises LockLost again, possibly
+    here; the event is then appended unless the first append got through. The interruption
+    fires once per loss, so the second append is not interrupted by it.
+    """
+    try:
+        recorder.record(exit_event)
+    except LockLost:
+        recorder.record_once(exit_event)
+        raise
 
 
 def _hold(task: ZkLockTask, seconds: float, released: Callable[[], bool] | None = None) -> None:
