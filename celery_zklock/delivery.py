@@ -156,8 +156,10 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for ``node`` to be deleted; True once it is gone.
 
     Watches the node and looks again when the watch fires and once more at the end (a watch
-    set on a session that then expired never fires). Raises ZooKeeperUnavailable when
-    ZooKeeper does not answer.
+    set on a session that then expired never fires). That last look, which decides False,
+    follows a ``sync``: the server the client talks to may be a follower that lags behind the
+    leader (it rejoined after a partition, or is slow under load) and still shows a node the
+    leader deleted long ago. Raises ZooKeeperUnavailable when ZooKeeper does not answer.
     """
     deadline = Deadline(timeout)
     fired = client.handler.event_object()
@@ -170,6 +172,7 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
                 fired.wait(wait_slice(deadline))
             if fired.is_set() and not deadline.expired():
                 continue
+            wait_result(client.sync_async(node), Deadline(5.0), what)
             return wait_result(client.exists_async(node), Deadline(5.0), what) is None
         return True
 
