@@ -69,6 +69,10 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
+#: What ``ip link delete`` says of a link that is gone: before its lookup, or after it.
+_LINK_GONE = ("Cannot find device", "No such device")
+
+
 def _pick_block() -> int:
     """A block number N whose 10.254.N.0/24 no host address or route touches."""
     text = _ip("-4", "-o", "addr", "show") + _ip("-4", "route", "show", "table", "all")
@@ -241,8 +245,9 @@ class Namespace:
                 try:
                     _ip("link", "delete", host_end)
                 except NetnsError as exc:
-                    # Deleting the namespace destroys the pair, a moment later.
-                    if "Cannot find device" not in str(exc):
+                    # Deleting the namespace destroys the pair, a moment later: the link is
+                    # gone before ip looks it up, or between its lookup and its delete.
+                    if not any(gone in str(exc) for gone in _LINK_GONE):
                         raise
         finally:
             with _blocks_lock:
