@@ -21,7 +21,9 @@ part of that run's body too. Disarming a run never disarms or withdraws an inter
 outside it; a late interruption never hits the next task (each run has its own token).
 
 An interruption fired from the run's own thread or greenlet (a lease found lost while its run
-registers for the loss) interrupts nothing: the run checks its lease itself right after.
+registers for the loss) interrupts nothing: the run checks its lease itself right after. Once
+``Lease.check`` has raised in the body's own context the run's interruption stands down, so
+a body is told of one loss once, not again in its ``except`` or ``finally``.
 
 Whatever happened to the interruption, the task's release sees that the lease was lost and the
 task ends with ``LockLost``, never SUCCESS.
@@ -143,6 +145,14 @@ class Interruption:
         After this returns no LockLost is raised by this run's interruption.
         """
 
+    def stand_down(self) -> None:
+        """The body was told of the loss in its own context: no interruption of this run after.
+
+        Called from the run's own thread or greenlet when ``Lease.check`` is about to raise
+        :class:`LockLost` there, so that a body gets one LockLost per loss, not a second one in
+        its ``except`` or ``finally``. Runs nested in this one keep their own interruptions.
+        """
+
     def _in_own_context(self) -> bool:
         raise NotImplementedError
 
@@ -156,6 +166,7 @@ class _MainThreadSignal(Interruption):
     # state is module-wide, and the handler reads it without a lock (it could be the holder).
     _armed: list[int] = []
     _pending: dict[int, str] = {}
+    _stood_down: set[int] = set()
     _previous: Any = None
     _signum: int | None = None
 
@@ -165,15 +176,18 @@ class _MainThreadSignal(Interruption):
         cls = _MainThreadSignal
         if not cls._armed:
             cls._pending.clear()
+            cls._stood_down.clear()
             cls._previous = _set_handler(signum, cls._handler)
             cls._signum = signum
         cls._armed.append(self.token)
 
     @staticmethod
     def _handler(signum: int, frame: FrameType | None) -> None:
-        for token in list(_MainThreadSignal._armed):
-            reason = _MainThreadSignal._pending.pop(token, None)
-            if reason is not None:
+        cls = _MainThreadSignal
+        for token in list(cls._armed):
+            reason = cls._pending.pop(token, None)
+            # Stood down: the body was told already (the signal may have been on its way).
+            if reason is not None and token not in cls._stood_down:
                 raise LockLost(reason)
 
     def _in_own_context(self) -> bool:
@@ -181,9 +195,15 @@ class _MainThreadSignal(Interruption):
 
     def _interrupt(self, reason: str) -> None:
         cls = _MainThreadSignal
-        if self.token in cls._armed and cls._signum is not None:
+        if self.token in cls._armed and self.token not in cls._stood_down and cls._signum:
             cls._pending[self.token] = reason
             os.kill(os.getpid(), cls._signum)
+
+    def stand_down(self) -> None:
+        cls = _MainThreadSignal
+        if self.token in cls._armed:
+            cls._stood_down.add(self.token)
+            cls._pending.pop(self.token, None)
 
     def disarm(self) -> None:
         cls = _MainThreadSignal
@@ -194,6 +214,7 @@ class _MainThreadSignal(Interruption):
         del cls._armed[cls._armed.index(self.token) :]
         for token in gone:
             cls._pending.pop(token, None)
+            cls._stood_down.discard(token)
         if not cls._armed and cls._signum is not None:
             _set_handler(cls._signum, cls._previous)
             cls._previous = cls._signum = None
@@ -206,6 +227,7 @@ class _ThreadRuns:
     lock: threading.Lock = field(default_factory=threading.Lock)
     armed: list[int] = field(default_factory=list)
     pending: set[int] = field(default_factory=set)
+    stood_down: set[int] = field(default_factory=set)
 
 
 _thread_runs: dict[int, _ThreadRuns] = {}
@@ -236,10 +258,21 @@ class _ThreadAsyncException(Interruption):
     def _interrupt(self, reason: str) -> None:
         runs = self._runs
         with runs.lock:
-            if self.token not in runs.armed:
+            if self.token not in runs.armed or self.token in runs.stood_down:
                 return
             runs.pending.add(self.token)
             _set_async_exc(self.thread_id, LockLost)
+
+    def stand_down(self) -> None:
+        runs = self._runs
+        with runs.lock:
+            if self.token not in runs.armed:
+                return
+            runs.stood_down.add(self.token)
+            if self.token in runs.pending:
+                runs.pending.discard(self.token)
+                if not runs.pending:  # one set for an outer run stays, as in disarm
+                    _set_async_exc(self.thread_id, None)
 
     def disarm(self) -> None:
         runs = self._runs
@@ -248,6 +281,7 @@ class _ThreadAsyncException(Interruption):
                 return
             position = runs.armed.index(self.token)
             runs.pending.difference_update(runs.armed[position:])
+            runs.stood_down.difference_update(runs.armed[position:])
             del runs.armed[position:]
             if not runs.pending:
                 # Withdraw an exception set for this run (or one nested in it) but not yet
@@ -283,6 +317,10 @@ class _GreenletKill(Interruption):
     def _throw_if_armed(self, reason: str) -> None:
         if self._armed and not self.greenlet.dead:
             self.greenlet.throw(LockLost(reason))
+
+    def stand_down(self) -> None:
+        # Greenlets take turns: the hub's callback runs after this or not at all for this run.
+        self._armed = False
 
     def disarm(self) -> None:
         self._armed = False

@@ -259,11 +259,18 @@ class LockedRun:
 
         stack: list[Lease] = _held.__dict__.setdefault("stack", [])
         try:
-            stack.append(lease)
-            interruption = arm()
-            lease.on_lost(on_lost)
-            lease.check()  # lost before the body started (even during the receivers above)
-            return body()
+            try:
+                stack.append(lease)
+                interruption = arm()
+                lease.on_told(interruption.stand_down)  # the body checked: one LockLost is enough
+                lease.on_lost(on_lost)
+                lease.check()  # lost before the body started (even during the receivers above)
+                return body()
+            finally:
+                # The interruption can land up to this disarm, after the body ended too: the
+                # except below takes it, and the outer finally disarms again if it cut this short.
+                if interruption is not None:
+                    interruption.disarm()
         except LockLost:
             if not lease.lost:
                 raise  # the body's own LockLost (e.g. of a nested lock): not ours
@@ -273,6 +280,7 @@ class LockedRun:
                 if interruption is not None:
                     interruption.disarm()
             finally:
+                lease.on_told(None)
                 lease.remove_on_lost(on_lost)
                 if stack and stack[-1] is lease:
                     stack.pop()

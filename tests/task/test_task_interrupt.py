@@ -10,7 +10,7 @@ import ctypes
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock import ConfigurationError, LockLost, ZkLockTask, signals
-from celery_zklock.interrupt import interrupt_signal
-from tests.lockutil import expire_session, task_client
+from celery_zklock.interrupt import Interruption, _MainThreadSignal, arm, interrupt_signal
+from tests.lockutil import expire_session, task_client, wait_for
 from tests.workerproc import start_worker
 
 
@@ -154,6 +154,150 @@ def test_nested_run_does_not_withdraw_the_outer_runs_pending_interruption(
     assert calls_when_told == [1]  # set before the lock_lost receivers ran
     ended = calls.index((thread_id, nested_end))
     assert (thread_id, None) not in calls[:ended]  # the nested run withdrew nothing
+
+
+class HookedInterruption:
+    """A run's real interruption, with the test choosing when it fires and when it is disarmed.
+
+    ``fire`` (on the thread that found the loss) says ``firing`` and waits for ``may_fire``
+    before firing for real, then says ``fired``. ``before_disarm`` runs once, before the first
+    disarm."""
+
+    def __init__(self, real: Interruption, before_disarm: Callable[[], None] | None) -> None:
+        self.real = real
+        self.strategy = real.strategy
+        self.before_disarm = before_disarm
+        self.firing = threading.Event()  # the loss is recorded; fire waits for may_fire
+        self.may_fire = threading.Event()
+        self.fired = threading.Event()
+
+    def fire(self, reason: str) -> None:
+        self.firing.set()
+        self.may_fire.wait(30)
+        try:
+            self.real.fire(reason)
+        finally:
+            self.fired.set()
+
+    def stand_down(self) -> None:
+        self.real.stand_down()
+
+    def disarm(self) -> None:
+        before, self.before_disarm = self.before_disarm, None
+        if before is not None:
+            before()
+        self.real.disarm()
+
+
+def hook_interruptions(
+    monkeypatch: pytest.MonkeyPatch, before_disarm: Callable[[], None] | None = None
+) -> list[HookedInterruption]:
+    """Every run armed from now on gets a :class:`HookedInterruption`; the list holds them."""
+    hooked: list[HookedInterruption] = []
+
+    def arm_hooked() -> HookedInterruption:
+        hooked.append(HookedInterruption(arm(), before_disarm))
+        return hooked[-1]
+
+    monkeypatch.setattr("celery_zklock.run.arm", arm_hooked)
+    return hooked
+
+
+def let_interruption_land() -> None:
+    """Run bytecode until an interruption already fired has been handled: a signal once its
+    handler took it (it may reach another thread first), an async exception at once."""
+    for _ in range(1000):
+        abs(0)
+    wait_for(lambda: not _MainThreadSignal._pending, what="the signal to be handled")
+
+
+def call_on(where: str, call: Callable[[], Any]) -> BaseException | Any:
+    """``call()`` on the main thread (the signal) or a thread of its own (an async exception);
+    what it returned or raised."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    if where == "main thread":
+        run()
+    else:
+        runner = threading.Thread(target=run)
+        runner.start()
+        runner.join(60)
+    assert len(outcome) == 1
+    return outcome[0]
+
+
+@pytest.mark.parametrize("where", ["main thread", "worker thread"])
+def test_a_body_told_by_check_is_not_interrupted_again(
+    app: Celery, zk_hosts: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The loss is recorded, the body's ``self.lock.check()`` raises, and only then does the
+    lease clock's thread fire the interruption: the body, in its ``except`` and ``finally``,
+    gets no second LockLost (it did before: a fleet task lost its exit record so)."""
+    hooked = hook_interruptions(monkeypatch)
+    told: list[str] = []
+
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    def job(self: Any, n: int) -> str:
+        expire_session(zk_hosts, client)
+        assert hooked[0].firing.wait(30)  # lost, and its interruption not yet fired
+        try:
+            self.lock.check()
+        except LockLost:
+            told.append("by check")
+            hooked[0].may_fire.set()
+            try:
+                assert hooked[0].fired.wait(30)
+                let_interruption_land()
+            except LockLost:
+                told.append("interrupted")
+            raise
+        return "ran"
+
+    client = client_of(job)
+    before = signal.getsignal(signal.SIGUSR2)
+    outcome = call_on(where, lambda: job(1))
+    assert isinstance(outcome, LockLost) and "was lost while the task ran" in str(outcome)
+    assert told == ["by check"]
+    assert hooked[0].strategy == ("signal" if where == "main thread" else "async-exception")
+    assert signal.getsignal(signal.SIGUSR2) is before
+
+
+@pytest.mark.parametrize("where", ["main thread", "worker thread"])
+def test_an_interruption_after_the_body_returned_ends_the_run_as_lost(
+    app: Celery, zk_hosts: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """The lease is lost after the body returned, and the interruption lands before the run
+    disarmed it: the run still ends under ``lock_on_lost`` (the verdict's message, not the raw
+    LockLost of the interruption) and is disarmed."""
+    returned: list[int] = []
+
+    def lose_the_lease_now() -> None:
+        expire_session(zk_hosts, client)
+        hooked[0].may_fire.set()
+        assert hooked[0].fired.wait(30)
+        let_interruption_land()
+
+    hooked = hook_interruptions(monkeypatch, before_disarm=lose_the_lease_now)
+
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    def job(self: Any, n: int) -> str:
+        returned.append(n)
+        return "ran"
+
+    client = client_of(job)
+    before = signal.getsignal(signal.SIGUSR2)
+    outcome = call_on(where, lambda: job(1))
+    assert returned == [1]
+    assert isinstance(outcome, LockLost), outcome
+    assert "was lost while the task ran" in str(outcome)  # the lost verdict, not a raw LockLost
+    assert signal.getsignal(signal.SIGUSR2) is before
+    assert _MainThreadSignal._armed == []
 
 
 @pytest.mark.parametrize("variable", ["ZKLOCK_INTERRUPT_SIGNAL", "ZKLOCK_REVOKE_SIGNAL"])
