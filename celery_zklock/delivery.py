@@ -181,12 +181,22 @@ def identity(task: Any, request: Any = None) -> bytes:
     """What a run stores in its contender node: who it is, as JSON (also for operators);
     ``request`` is the run's (default ``task.request``)."""
     request = task.request if request is None else request
-    # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run.
-    return (
-        f'{{"task_id":{_json(request.id)},"task":{_json(task.name)},'
-        f'"retries":{int(request.retries or 0)},'
-        f'"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}'
-    ).encode()
+    # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run, with
+    # the parts a task and a worker process keep from run to run built once.
+    parts = (task.name, request.hostname)
+    middle_and_end = _identity_parts.get(parts)
+    if middle_and_end is None:
+        middle_and_end = _identity_parts[parts] = (
+            f',"task":{_json(task.name)},"retries":',
+            f',"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}',
+        )
+    middle, end = middle_and_end
+    return f'{{"task_id":{_json(request.id)}{middle}{int(request.retries or 0)}{end}'.encode()
+
+
+_identity_parts: dict[tuple[Any, Any], tuple[str, str]] = {}
+# A forked child is another process: its identity names its own pid.
+os.register_at_fork(after_in_child=_identity_parts.clear)
 
 
 def _json(value: Any) -> str:

@@ -335,7 +335,7 @@ def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     from celery_zklock.run import call_path  # run imports the task layer this module serves
 
     spec = task._zklock_compile()
-    return call_path(task.app, spec, spec.options, args, kwargs)
+    return call_path(settings_of(task.app).root, spec, spec.options, args, kwargs)
 
 
 def lock_holders(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Holder, ...]:

@@ -78,14 +78,21 @@ def interrupt_signal() -> signal.Signals | int:
     Raises :class:`~celery_zklock.errors.ConfigurationError` naming the variable, the value and
     the allowed choices.
     """
-    setting = (os.environ.get(SIGNAL_ENV), os.environ.get(LEGACY_SIGNAL_ENV))
+    environ = getattr(os.environ, "_data", None)  # os.environ's own dict, encoded names
+    if type(environ) is dict:
+        # Every locked run on a main thread asks: os.environ.get raises and catches a KeyError
+        # for a variable not set (the usual case), several times the cost of this lookup.
+        setting: tuple[object, object] = (environ.get(_SIGNAL_KEY), environ.get(_LEGACY_KEY))
+    else:  # pragma: no cover - an os.environ without its dict (not CPython on POSIX)
+        setting = (os.environ.get(SIGNAL_ENV), os.environ.get(LEGACY_SIGNAL_ENV))
     known = _signal_of_setting.get(setting)
     if known is None:  # parsed once per value: every locked run on a main thread asks
         known = _signal_of_setting[setting] = _parse_signal()
     return known
 
 
-_signal_of_setting: dict[tuple[str | None, str | None], signal.Signals | int] = {}
+_signal_of_setting: dict[tuple[object, object], signal.Signals | int] = {}
+_SIGNAL_KEY, _LEGACY_KEY = os.fsencode(SIGNAL_ENV), os.fsencode(LEGACY_SIGNAL_ENV)
 
 
 def _parse_signal() -> signal.Signals | int:
@@ -207,15 +214,23 @@ class _MainThreadSignal(Interruption):
 
     def disarm(self) -> None:
         cls = _MainThreadSignal
-        if self.token not in cls._armed:
+        armed, token = cls._armed, self.token
+        if armed and armed[-1] == token:  # the innermost run: the usual case, made cheap
+            armed.pop()
+            if cls._pending:
+                cls._pending.pop(token, None)
+            if cls._stood_down:
+                cls._stood_down.discard(token)
+        elif token in armed:
+            # Runs nested in this one ended before it (one thread: last in, first out).
+            gone = armed[armed.index(token) :]
+            del armed[armed.index(token) :]
+            for token in gone:
+                cls._pending.pop(token, None)
+                cls._stood_down.discard(token)
+        else:
             return
-        # Runs nested in this one ended before it (one thread: last in, first out).
-        gone = cls._armed[cls._armed.index(self.token) :]
-        del cls._armed[cls._armed.index(self.token) :]
-        for token in gone:
-            cls._pending.pop(token, None)
-            cls._stood_down.discard(token)
-        if not cls._armed and cls._signum is not None:
+        if not armed and cls._signum is not None:
             _set_handler(cls._signum, cls._previous)
             cls._previous = cls._signum = None
 

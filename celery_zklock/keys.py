@@ -380,6 +380,41 @@ def _key_from_normalised(normalised: _Json) -> str:
     return f"{prefix}~{digest}"
 
 
+_encode_str: Final = json.encoder.encode_basestring_ascii  # what _CANONICAL_ENCODER uses
+
+
+def _plain_key(arguments: dict[str, object]) -> str | None:
+    """The key of bound arguments that are all ``None``, ``str``, ``bool`` or ``int`` below
+    2**63 in size, built straight from them; None if one is of another type.
+
+    Every task call builds a key, and these are the common arguments: this gives the text
+    :func:`_key_from_normalised` gives for their normalised form (the tests compare the two),
+    without the general encoding's dispatch, encoder and renderer."""
+    if _TAG in arguments:
+        return None
+    encoded: list[str] = []
+    shown: list[str] = []
+    length = 0
+    for name in sorted(arguments):
+        value = arguments[name]
+        if value is None:
+            text, seen = "null", "None"
+        elif type(value) is str:
+            text, seen = _encode_str(value), value[: PREFIX_LENGTH + 1]
+        elif (type(value) is int or type(value) is bool) and value.bit_length() < 64:
+            text = seen = int.__repr__(value)  # True is 1, as normalised
+        else:
+            return None
+        encoded.append(f"{_encode_str(name)}:{text}")
+        if length <= PREFIX_LENGTH:  # as _render_items: stop once past the prefix's length
+            shown.append(f"{name}={seen}")
+            length += len(shown[-1]) + 1
+    canonical = "{" + ",".join(encoded) + "}"
+    digest = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:HASH_LENGTH]
+    prefix = _UNSAFE_CHARS.sub("_", ",".join(shown)[:PREFIX_LENGTH])
+    return f"{prefix}~{digest}"
+
+
 def key_for_value(value: object) -> str:
     """Return the lock key (``<readable-prefix>~<hash>``) of one value.
 
@@ -631,7 +666,15 @@ class KeyBuilder:
         fit the task's signature, :class:`LockKeyError` when a value has no stable encoding or a
         format field cannot be formatted, and whatever a callable ``lock_key`` raises.
         """
-        return _key_from_normalised(self._normalised(args, kwargs))
+        if self.kind == "format" or self.kind == "callable":
+            return _key_from_normalised(self._normalised(args, kwargs))
+        arguments = self._bind(args, kwargs)
+        if self.kind == "names":
+            arguments = {name: arguments[name] for name in self._names}
+        key = _plain_key(arguments)
+        if key is None:
+            key = _key_from_normalised(self._normalise_arguments(arguments))
+        return key
 
     def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
         arguments = self._bind(args, kwargs)
@@ -646,6 +689,9 @@ class KeyBuilder:
             return self._encode(value, "value", where)
         if self.kind == "names":
             arguments = {name: arguments[name] for name in self._names}
+        return self._normalise_arguments(arguments)
+
+    def _normalise_arguments(self, arguments: dict[str, object]) -> _Json:
         out: dict[str, _Json] = {}
         for name, value in arguments.items():
             kind = type(value)

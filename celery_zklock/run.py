@@ -47,9 +47,10 @@ MAX_LOOKS: Final = 3
 _held = threading.local()
 
 
-def call_path(app: Any, spec: TaskLockSpec, options: LockOptions, args: Any, kwargs: Any) -> str:
-    """The lock path of one call: ``<zklock_root>/<lock name>/<key of the arguments>``."""
-    return f"{settings_of(app).root}/{options.name}/{spec.keys(args, kwargs)}"
+def call_path(root: str, spec: TaskLockSpec, options: LockOptions, args: Any, kwargs: Any) -> str:
+    """The lock path of one call: ``<zklock_root>/<lock name>/<key of the arguments>``, the
+    root being the app's (``settings_of(app).root``)."""
+    return f"{root}/{options.name}/{spec.keys(args, kwargs)}"
 
 
 def current_lease() -> Lease | None:
@@ -67,7 +68,7 @@ class LockedRun:
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
-        self.path = call_path(task.app, spec, self.options, args, kwargs)
+        self.path = call_path(self.settings.root, spec, self.options, args, kwargs)
         self.task_id = request.id
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: Lease | None = None

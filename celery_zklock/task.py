@@ -124,7 +124,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
         options.update(zip(_APPLY_ASYNC_POSITIONAL, rest, strict=False))  # by name
         task_id = options.pop("task_id", None) or uuid()
         send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
-        path = call_path(self.app, self._zklock_compile(), call, args or (), kwargs or {})
+        root = settings_of(self.app).root
+        path = call_path(root, self._zklock_compile(), call, args or (), kwargs or {})
         return enqueue_once(self, call, path, task_id, send)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:

@@ -143,6 +143,35 @@ def test_arguments_taken_as_they_are_get_the_key_of_the_general_encoding() -> No
     assert keys((True,), {}) == keys((1,), {}) and keys((Number(7),), {}) == keys((7,), {})
 
 
+def test_plain_arguments_get_the_key_of_the_general_encoding_at_every_length() -> None:
+    """Keys of None, str, bool and small int arguments are built straight from them; across
+    several parameters, escapes, non-ASCII text and readable parts near the prefix's length
+    they equal the general encoding's key (seeded random cases)."""
+    rng = random.Random(20261123)
+    alphabet = 'ab~/_=,.+@-"\\\n\x00 éß€\U0001f512'
+
+    def value() -> object:
+        pick = rng.randrange(5)
+        if pick == 0:
+            return None
+        if pick == 1:
+            return rng.choice([True, False])
+        if pick == 2:
+            return rng.choice([0, -1, 2**63 - 1, -(2**63), rng.randrange(-(10**6), 10**6)])
+        return "".join(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 30, 63, 64, 65, 70])))
+
+    def task(
+        a: object, b: object = None, zz: object = 0, m_long_parameter_name: object = ""
+    ) -> None: ...
+
+    keys, names = builder(task, None), builder(task, ["zz", "a"])
+    for _ in range(3000):
+        a, b, zz, m = value(), value(), value(), value()
+        bound = {"a": a, "b": b, "zz": zz, "m_long_parameter_name": m}
+        assert keys((a, b, zz, m), {}) == key_for_value(bound), bound
+        assert names((a,), {"zz": zz}) == key_for_value({"zz": zz, "a": a}), bound
+
+
 def test_named_arguments_only_and_defaults_applied() -> None:
     by_account = builder(sync_account, ["account_id"])
     assert by_account((42,), {}) == by_account((42, True), {}) == by_account((), {"account_id": 42})
