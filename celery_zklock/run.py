@@ -263,7 +263,8 @@ class LockedRun:
             try:
                 stack.append(lease)
                 interruption = arm()
-                lease.on_told(interruption.stand_down)  # the body checked: one LockLost is enough
+                # A body told by self.lock.check() is not interrupted again: one LockLost.
+                lease.on_check_raises(interruption.stand_down)
                 lease.on_lost(on_lost)
                 lease.check()  # lost before the body started (even during the receivers above)
                 return body()
@@ -281,7 +282,7 @@ class LockedRun:
                 if interruption is not None:
                     interruption.disarm()
             finally:
-                lease.on_told(None)
+                lease.on_check_raises(None)
                 lease.remove_on_lost(on_lost)
                 if stack and stack[-1] is lease:
                     stack.pop()

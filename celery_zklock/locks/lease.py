@@ -171,7 +171,7 @@ class Lease:
         self._hold = hold
         self._release = release
         self._released = False
-        self._on_told: Callable[[], None] | None = None
+        self._on_check_raises: Callable[[], None] | None = None
 
     @property
     def token(self) -> int:
@@ -216,18 +216,18 @@ class Lease:
     def check(self) -> None:
         """Raise :class:`LockLost` if the lease was lost; for code that checks at safe points."""
         if self.lost:
-            told = self._on_told
-            if told is not None:
-                told()
+            hook = self._on_check_raises
+            if hook is not None:
+                hook()
             raise LockLost(f"lock {self.path} lost (token {self.token}): {self._hold.lost_reason}")
 
-    def on_told(self, callback: Callable[[], None] | None) -> None:
+    def on_check_raises(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback()`` on the checking thread whenever :meth:`check` is about to raise.
 
-        For a runner that also interrupts the code holding the lease (the task's run stands its
-        interruption down: that code was told). One callback; ``None`` removes it.
+        For a runner that also interrupts the code holding the lease: the task's run stands its
+        interruption down, as that code now knows of the loss. One callback; ``None`` removes it.
         """
-        self._on_told = callback
+        self._on_check_raises = callback
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(reason)`` once when the lease is lost (now, if it already is).
