@@ -155,10 +155,16 @@ class Interruption:
     def stand_down(self) -> None:
         """The body was told of the loss in its own context: no interruption of this run after.
 
-        Called from the run's own thread or greenlet when ``Lease.check`` is about to raise
-        :class:`LockLost` there, so that a body gets one LockLost per loss, not a second one in
-        its ``except`` or ``finally``. Runs nested in this one keep their own interruptions.
+        Called when ``Lease.check`` is about to raise :class:`LockLost`, so that a body gets one
+        LockLost per loss, not a second one in its ``except`` or ``finally``. Called from any
+        other thread or greenlet (one the body handed its lease to) it does nothing: the body
+        itself was not told. Runs nested in this one keep their own interruptions.
         """
+        if self._in_own_context():
+            self._stand_down()
+
+    def _stand_down(self) -> None:
+        raise NotImplementedError
 
     def _in_own_context(self) -> bool:
         raise NotImplementedError
@@ -206,7 +212,7 @@ class _MainThreadSignal(Interruption):
             cls._pending[self.token] = reason
             os.kill(os.getpid(), cls._signum)
 
-    def stand_down(self) -> None:
+    def _stand_down(self) -> None:
         cls = _MainThreadSignal
         if self.token in cls._armed:
             cls._stood_down.add(self.token)
@@ -278,7 +284,7 @@ class _ThreadAsyncException(Interruption):
             runs.pending.add(self.token)
             _set_async_exc(self.thread_id, LockLost)
 
-    def stand_down(self) -> None:
+    def _stand_down(self) -> None:
         runs = self._runs
         with runs.lock:
             if self.token not in runs.armed:
@@ -333,7 +339,7 @@ class _GreenletKill(Interruption):
         if self._armed and not self.greenlet.dead:
             self.greenlet.throw(LockLost(reason))
 
-    def stand_down(self) -> None:
+    def _stand_down(self) -> None:
         # Greenlets take turns: the hub's callback runs after this or not at all for this run.
         self._armed = False
 

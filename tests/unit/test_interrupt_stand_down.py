@@ -78,6 +78,19 @@ def test_a_signal_on_its_way_is_not_raised_after_standing_down(
     assert raised == ([] if stood_down else ["lost"])
 
 
+def test_a_check_on_another_thread_does_not_stand_the_body_down(
+    main_thread_run: Interruption,
+) -> None:
+    """A thread the body handed its lease to learns of the loss: the body was not told, and
+    its interruption still lands."""
+    helper = threading.Thread(target=main_thread_run.stand_down)
+    helper.start()
+    helper.join(30)
+    with pytest.raises(LockLost, match="lost"):
+        main_thread_run._interrupt("lost")
+        spin()
+
+
 def test_standing_down_leaves_a_nested_runs_interruption_armed(
     main_thread_run: Interruption,
 ) -> None:
