@@ -231,9 +231,9 @@ class _MainThreadSignal(Interruption):
             # Runs nested in this one ended before it (one thread: last in, first out).
             gone = armed[armed.index(token) :]
             del armed[armed.index(token) :]
-            for token in gone:
-                cls._pending.pop(token, None)
-                cls._stood_down.discard(token)
+            for ended in gone:
+                cls._pending.pop(ended, None)
+                cls._stood_down.discard(ended)
         else:
             return
         if not armed and cls._signum is not None:
