@@ -793,7 +793,7 @@ def _kernel_partition_problem() -> str | None:
         ["-p", "tcp", "-m", "owner", "--uid-owner", str(_UID_BASE), "-m", "conntrack",
          "--ctorigdstport", "1", "-j", "CONNMARK", "--or-mark", f"{1 << _MARK_SHIFT:#x}"],
         ["-p", "tcp", "-m", "connmark", "--mark", f"{1 << _MARK_SHIFT:#x}/"
-         f"{1 << _MARK_SHIFT:#x}", "-j", "DROP"],
+         f"{1 << _MARK_SHIFT:#x}", "-m", "conntrack", "--ctorigdstport", "1", "-j", "DROP"],
     ]  # fmt: skip
     try:
         _iptables("-N", chain)
@@ -877,9 +877,11 @@ class _Firewall:
     * always, for each isolatable member k (its JVM runs under its own uid U_k): a packet that
       U_k sends on a connection it opened to another member's quorum or election port marks
       that connection (conntrack mark bit k, ``CONNMARK --or-mark``);
-    * while k is isolated: DROP every packet of a connection with mark bit k (k's connections
-      to the others, both directions), and every packet of a connection opened to k's quorum or
-      election port (the others' connections to k, both directions, new ones included).
+    * while k is isolated: DROP every packet of a connection with mark bit k opened to another
+      member's quorum or election port (k's connections to the others, both directions), and
+      every packet of a connection opened to k's quorum or election port (the others'
+      connections to k, both directions, new ones included). The ports name this ensemble: a
+      parallel run's member k marks its own connections with the same bit.
 
     Client connections are never matched: k's client port keeps serving its clients.
     """
@@ -911,8 +913,18 @@ class _Firewall:
         return rules
 
     def _drop_rules(self, myid: int) -> list[list[str]]:
+        # The mark bit is k's in every ensemble's chain: a parallel run's member k marks its
+        # connections with the same bit, so the rule also names this ensemble's ports.
         bit = self._bit(myid)
-        rules = [["-p", "tcp", "-m", "connmark", "--mark", f"{bit}/{bit}", "-j", "DROP"]]
+        rules: list[list[str]] = []
+        for other in self.nodes:
+            if other.myid == myid:
+                continue
+            for port in self._peer_ports(other):
+                rules.append(
+                    ["-p", "tcp", "-m", "connmark", "--mark", f"{bit}/{bit}",
+                     "-m", "conntrack", "--ctorigdstport", str(port), "-j", "DROP"]
+                )  # fmt: skip
         node = next(n for n in self.nodes if n.myid == myid)
         for port in self._peer_ports(node):
             rules.append(

@@ -203,7 +203,8 @@ def test_isolate_cuts_a_follower_off_and_heal_restores_it(
         ensemble.isolate(follower.myid)
         ensemble.isolate(follower.myid)  # idempotent
         assert ensemble.isolated == {follower.myid}
-        assert len(_rules(chain)) == rules_before + 3
+        # Two rules per peer port of each other member, one per peer port of the follower.
+        assert len(_rules(chain)) == rules_before + 2 * 2 + 2
 
         # The follower keeps answering its client until its own sync limit passes.
         last_answer = cut_at
@@ -246,6 +247,58 @@ def test_isolate_cuts_a_follower_off_and_heal_restores_it(
         for kazoo in (client, writer):
             kazoo.stop()
             kazoo.close()
+
+
+@needs_partition
+@pytest.mark.slow
+@pytest.mark.ensemble
+def test_isolating_a_member_leaves_a_parallel_ensembles_members_alone(
+    zk_stack_factory: StackFactory,
+) -> None:
+    """Two suites side by side each cut members off: member k of one ensemble is isolated,
+    and member k of another stays in its quorum (both mark their connections with k's bit;
+    the drop rules once matched the bit alone, so one run's cut cut the other's member k)."""
+    tick, sync = 1.0, 5  # as the lease-safety ensemble; slack for a loaded machine
+    window = tick * sync
+    cutting, bystander = (
+        zk_stack_factory.ensemble(
+            3, tick_time_ms=int(tick * 1000), sync_limit_ticks=sync, isolatable=True
+        )
+        for _ in range(2)
+    )
+    # A member that follows in both: neither ensemble holds an election meanwhile.
+    leaders = (cutting.leader(), bystander.leader())
+    kept = next(node for node in bystander.nodes if node.myid not in leaders)
+    leader_port = bystander.node(leaders[1]).port
+    cutting_leader_port = cutting.node(leaders[0]).port
+    for port in (leader_port, cutting_leader_port):
+        wait_for(lambda p=port: _mntr(p).get("zk_synced_followers") == "2", 10, "2 followers")
+
+    cut_member = cutting.node(kept.myid)
+    cutting.isolate(kept.myid)
+    try:
+        # The cut member leaves its own quorum after its sync limit ...
+        wait_for(lambda: cut_member.mode() != "follower",
+                 window + 10, "the isolated member to leave its quorum")  # fmt: skip
+        wait_for(
+            lambda: _mntr(cutting_leader_port).get("zk_synced_followers") == "1",
+            window + 10,
+            "the cutting ensemble's leader to count one follower",
+        )
+        # ... and the bystander's member with the same myid, given as long again, stays.
+        left = wait_until(
+            lambda: (
+                kept.mode() != "follower" or _mntr(leader_port).get("zk_synced_followers") != "2"
+            ),
+            window + 4 * tick,
+        )
+        assert not left, (
+            f"isolating member {kept.myid} of one ensemble cut off member {kept.myid} of another "
+            f"(its mode: {kept.mode()}, synced followers of its leader: "
+            f"{_mntr(leader_port).get('zk_synced_followers')})"
+        )
+    finally:
+        cutting.heal(kept.myid)
 
 
 @needs_partition
