@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
+from celery_zklock.interrupt import _MainThreadSignal
 from celery_zklock.testing.zookeeper import four_letter_word
 
 
@@ -47,6 +49,25 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
+
+
+def let_interruption_land() -> None:
+    """Run bytecode with calls in it (where CPython handles signals and async exceptions) until
+    an interruption already fired has been handled: a signal once its handler took it (it may
+    reach another thread first), an async exception at once."""
+    for _ in range(1000):
+        abs(0)
+    wait_for(lambda: not _MainThreadSignal._pending, what="the signal to be handled")
+
+
+def children(client: KazooClient, path: str) -> list[str]:
+    """The sorted children of ``path``; [] if it is not there. One request, not an ``exists``
+    then a listing: an empty lock's parent is a container, which the server may reap between
+    the two (a listing then failed with NoNodeError once, at double load)."""
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
 
 
 def four_letter(hosts: str, word: str) -> str:

@@ -18,7 +18,7 @@ from celery_zklock.testing.celery_worker import (
     stop_all,
     wait_until_answering,
 )
-from tests.lockutil import wait_for
+from tests.lockutil import children, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4}
@@ -87,15 +87,7 @@ def workers(
 def contenders(zk: KazooClient, lock: str) -> list[str]:
     """Contender nodes left under every key of lock name ``lock`` (``/taskapp/<lock>``)."""
     parent = f"/taskapp/{lock}"
-    if not zk.exists(parent):
-        return []
-    found: list[str] = []
-    for key in zk.get_children(parent):
-        try:
-            found += zk.get_children(f"{parent}/{key}")
-        except Exception:  # the key's container was reaped meanwhile
-            continue
-    return found
+    return [node for key in children(zk, parent) for node in children(zk, f"{parent}/{key}")]
 
 
 def held_session(tmp: Path, task_id: str) -> dict[str, Any]:

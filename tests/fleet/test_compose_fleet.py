@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(1800)  # a fresh machine debootstraps the base and installs a JRE first
-def test_the_compose_fleet_holds_under_every_docker_fault() -> None:
+def test_the_compose_fleet_holds_under_every_docker_fault(tmp_path: Path) -> None:
     reason = DockerEngine.unavailable_reason()
     if reason is not None:
         pytest.skip(f"no Docker engine: {reason}")
@@ -39,19 +39,19 @@ def test_the_compose_fleet_holds_under_every_docker_fault() -> None:
     # is left: be one until the checks at the end are done (it failed once so, at double load).
     engine = DockerEngine.ensure() if engine_ran_before else None
     try:
-        _run_fleet_and_check(engine_ran_before)
+        _run_fleet_and_check(engine_ran_before, tmp_path)
     finally:
         if engine is not None:
             engine.close()
 
 
-def _run_fleet_and_check(engine_ran_before: bool) -> None:
+def _run_fleet_and_check(engine_ran_before: bool, reports: Path) -> None:
     project = f"zklock-test-{os.getpid()}"
     plan = ",".join(f"{kind}:{TIMES}" for kind in DOCKER_FAULT_KINDS)
     argv = [
         sys.executable, "-m", "workers", "fleet", "--project", project, "--no-progress",
         "--workers", "4", "--concurrency", "3", "--tasks", "200", "--keys", "8",
-        "--faults", plan,
+        "--faults", plan, "--out", str(reports),  # not a directory of its own in /tmp
     ]  # fmt: skip
     done = subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=1700, check=False
@@ -60,6 +60,7 @@ def _run_fleet_and_check(engine_ran_before: bool) -> None:
     print(output)  # the report, in the test log
     report = REPORT_LINE.search(done.stdout)
     assert report is not None, output
+    assert (reports / "report.json").is_file(), f"no report in {reports}:\n{output}"
     tasks, lost, violations, stale, leftover = map(int, report.groups())
     assert (tasks, lost, violations, stale, leftover) == (200, 0, 0, 0, 0), output
     injected: dict[str, int] = {}

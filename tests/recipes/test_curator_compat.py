@@ -28,7 +28,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import Lease, Mutex, ReadWriteLock
 from celery_zklock.testing.witness import Mode, Witness, check_witness
-from tests.lockutil import wait_for
+from tests.lockutil import children, wait_for
 from tests.support.contenders import contend
 from tests.support.curator import (
     ContenderKind,
@@ -196,7 +196,7 @@ def _children(client: KazooClient, path: str, count: int) -> list[str]:
 
     def ready() -> bool:
         nonlocal seen
-        seen = client.get_children(path) if client.exists(path) else []
+        seen = children(client, path)
         return len(seen) == count
 
     wait_for(ready, WAIT_S, f"{count} children under {path} (last seen: {seen})")

@@ -22,11 +22,7 @@ from kazoo.security import make_acl
 
 from celery_zklock import LockTimeout, Mutex, ZooKeeperUnavailable
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import wait_for
-
-
-def children(client: KazooClient, path: str) -> list[str]:
-    return sorted(client.get_children(path)) if client.exists(path) else []
+from tests.lockutil import children, wait_for
 
 
 @pytest.fixture

@@ -20,11 +20,7 @@ from celery_zklock import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import expire_session, wait_for, watches_by_path
-
-
-def children(client: KazooClient, path: str) -> list[str]:
-    return sorted(client.get_children(path)) if client.exists(path) else []
+from tests.lockutil import children, expire_session, wait_for, watches_by_path
 
 
 @pytest.fixture

@@ -25,14 +25,10 @@ from celery_zklock import (
 from celery_zklock.locks.contenders import LimitMismatch
 from celery_zklock.testing.proxy import TcpProxy
 from celery_zklock.testing.witness import check_witness
-from tests.lockutil import four_letter, wait_for
+from tests.lockutil import children, four_letter, wait_for
 from tests.support.semaphores import contend
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-def children(client: KazooClient, path: str) -> list[str]:
-    return sorted(client.get_children(path)) if client.exists(path) else []
 
 
 def waiters_by_node(hosts: str, client: KazooClient, parent: str) -> dict[str, set[int]]:

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import is_skipped
 from celery_zklock.testing.witness import check_witness
-from tests.lockutil import wait_for
+from tests.lockutil import children, wait_for
 from tests.workerproc import ROOT, workers
 
 BEAT_EVERY = 0.3
@@ -71,9 +71,7 @@ def test_beat_singleton_never_overlaps_and_records_its_skips(
             log.close()
         # let the fired runs finish before the workers stop (in-flight ones end SUCCESS too)
         wait_for(
-            lambda: not zk_client.exists("/taskapp/singleton")
-            or not zk_client.get_children("/taskapp/singleton"),
-            30, "the last run to release",
+            lambda: not children(zk_client, "/taskapp/singleton"), 30, "the last run to release",
         )  # fmt: skip
     results = singleton_results()
     ran = [r for r in results if not is_skipped(r["result"])]

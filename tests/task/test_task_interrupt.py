@@ -11,18 +11,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from celery_zklock import ConfigurationError, LockLost, ZkLockTask, signals
 from celery_zklock.interrupt import Interruption, _MainThreadSignal, arm, interrupt_signal
-from tests.lockutil import expire_session, task_client, wait_for
+from tests.lockutil import (
+    children,
+    expire_session,
+    let_interruption_land,
+    task_client,
+)
 from tests.workerproc import start_worker
 
 
@@ -36,12 +39,12 @@ def app(zk_hosts: str, lock_root: str) -> Iterator[Celery]:
 
 def contenders(zk: KazooClient, root: str) -> list[str]:
     """Every contender node under ``root`` (``<root>/<lock name>/<key>/<node>``)."""
-    found: list[str] = []
-    for name in zk.get_children(root) if zk.exists(root) else []:
-        for key in zk.get_children(f"{root}/{name}") if zk.exists(f"{root}/{name}") else []:
-            with suppress(NoNodeError):
-                found += zk.get_children(f"{root}/{name}/{key}")
-    return found
+    return [
+        node
+        for name in children(zk, root)
+        for key in children(zk, f"{root}/{name}")
+        for node in children(zk, f"{root}/{name}/{key}")
+    ]
 
 
 def client_of(task: Any) -> KazooClient:
@@ -201,14 +204,6 @@ def hook_interruptions(
 
     monkeypatch.setattr("celery_zklock.run.arm", arm_hooked)
     return hooked
-
-
-def let_interruption_land() -> None:
-    """Run bytecode until an interruption already fired has been handled: a signal once its
-    handler took it (it may reach another thread first), an async exception at once."""
-    for _ in range(1000):
-        abs(0)
-    wait_for(lambda: not _MainThreadSignal._pending, what="the signal to be handled")
 
 
 def call_on(where: str, call: Callable[[], Any]) -> BaseException | Any:

@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from celery_zklock.errors import LockLost
 from celery_zklock.interrupt import Interruption, _GreenletKill, _MainThreadSignal, arm
-
-
-def _noop() -> None:
-    pass
-
-
-def spin() -> None:
-    """Run bytecode with calls in it, where CPython handles signals and async exceptions,
-    until a signal sent has been handled (another thread may take it first)."""
-    for _ in range(1000):
-        _noop()
-    deadline = time.monotonic() + 30
-    while _MainThreadSignal._pending and time.monotonic() < deadline:
-        _noop()
+from tests.lockutil import let_interruption_land
 
 
 @pytest.fixture
@@ -54,7 +40,7 @@ def test_signal_not_raised_after_standing_down(
     raised: list[str] = []
     try:
         main_thread_run._interrupt("lost")  # as the lease clock's thread does
-        spin()
+        let_interruption_land()
     except LockLost as exc:
         raised.append(str(exc))
     assert raised == ([] if stood_down else ["lost"])
@@ -88,7 +74,7 @@ def test_a_check_on_another_thread_does_not_stand_the_body_down(
     helper.join(30)
     with pytest.raises(LockLost, match="lost"):
         main_thread_run._interrupt("lost")
-        spin()
+        let_interruption_land()
 
 
 def test_standing_down_leaves_a_nested_runs_interruption_armed(
@@ -99,7 +85,7 @@ def test_standing_down_leaves_a_nested_runs_interruption_armed(
         main_thread_run.stand_down()
         with pytest.raises(LockLost, match="nested lost"):
             nested._interrupt("nested lost")
-            spin()
+            let_interruption_land()
     finally:
         nested.disarm()
 
@@ -118,7 +104,7 @@ def test_async_exception_not_set_after_standing_down(stood_down: bool) -> None:
                 interruption.stand_down()
             armed.set()
             triggered.wait(30)  # a C call: an exception set meanwhile is raised after it
-            spin()
+            let_interruption_land()
         except LockLost:
             raised.append("LockLost")
         finally:
