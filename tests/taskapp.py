@@ -44,6 +44,7 @@ if "TASKAPP_VISIBILITY_TIMEOUT" in os.environ:
         "visibility_timeout": float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"]),
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 5,  # as the fleet's, workers/app.py: a dead sweeper's mutex lapses
     }
 if "TASKAPP_BEAT_EVERY" in os.environ:
     app.conf.beat_schedule = {

@@ -69,7 +69,16 @@ def broker_transport_options(visibility_timeout: float) -> dict[str, Any]:
         "visibility_timeout": visibility_timeout,
         "unacked_restore_interval": interval,
         "unacked_restore_throttle": 1,
+        # A sweep holds a Redis mutex that lapses after this long (300 s by default). A worker
+        # killed inside a sweep (it takes milliseconds, more when Redis fsyncs every write)
+        # stopped all redelivery for five minutes; concurrent sweeps are safe (kombu restores
+        # each message in a transaction), so a short lapse costs nothing.
+        "unacked_mutex_expire": RESTORE_MUTEX_EXPIRE,
     }
+
+
+RESTORE_MUTEX_EXPIRE = 5
+"""Seconds kombu's restore mutex outlives a sweeper that died holding it (see above)."""
 
 
 def create_app(
