@@ -50,7 +50,7 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -240,6 +240,8 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
         try:
             if task.AsyncResult(task_id).state in states.READY_STATES:
                 return True
+        except SoftTimeLimitExceeded:
+            raise  # the run's own time limit, landed during the read: not the backend's failure
         except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
             logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)
             return False
