@@ -51,6 +51,7 @@ from kazoo.exceptions import (
 
 from celery_zklock.config import settings_of
 from celery_zklock.errors import ZkLockError
+from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks import adapter
 from celery_zklock.locks.context import Deadline, wait_result
 from celery_zklock.locks.queue import make_containers
@@ -126,6 +127,8 @@ def _state_of(task: Any) -> Callable[[str], str]:
     def state(task_id: str) -> str:
         try:
             return str(task.AsyncResult(task_id).state)
+        except STOPPING:  # an enqueue from inside a task body: its own limit, or its lock lost
+            raise
         except Exception:  # no result backend, or it failed: it cannot tell
             return str(states.PENDING)
 

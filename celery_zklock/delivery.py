@@ -50,10 +50,11 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import states
-from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks.contenders import queue_of
 from celery_zklock.locks.context import Deadline, wait_result, wait_slice
 
@@ -240,7 +241,7 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
         try:
             if task.AsyncResult(task_id).state in states.READY_STATES:
                 return True
-        except SoftTimeLimitExceeded:
+        except STOPPING:
             raise  # the run's own time limit, landed during the read: not the backend's failure
         except Exception:  # no result backend, or it is unreachable: we cannot tell, so run
             logger.debug("zklock: could not read the state of %s", task_id, exc_info=True)

@@ -40,8 +40,9 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init
 
 from celery_zklock.errors import ConfigurationError, LockLost
@@ -51,6 +52,12 @@ SIGNAL_ENV = "ZKLOCK_INTERRUPT_SIGNAL"
 LEGACY_SIGNAL_ENV = "ZKLOCK_REVOKE_SIGNAL"
 """Its earlier name, still read when :data:`SIGNAL_ENV` is not set."""
 DEFAULT_SIGNAL = "SIGUSR2"
+
+STOPPING: Final = (SoftTimeLimitExceeded, LockLost)
+"""What is raised into the task's own thread to stop it: its soft time limit (billiard's signal
+handler) and a lost lease's interruption. Every ``except Exception`` that stands for "the result
+backend, the broker or ZooKeeper failed" lets these through first (``except STOPPING: raise``):
+taken for such a failure, they would let the run go on past its limit or without its lock."""
 
 _tokens = itertools.count(1)
 

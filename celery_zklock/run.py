@@ -29,7 +29,7 @@ from celery_zklock.config import settings_of
 from celery_zklock.dedupe import release as release_marker
 from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.events import emit
-from celery_zklock.interrupt import Interruption, arm
+from celery_zklock.interrupt import STOPPING, Interruption, arm
 from celery_zklock.locks import Lease, Mutex, Semaphore
 from celery_zklock.locks.contenders import READ, WRITE
 from celery_zklock.options import LockOptions, TaskLockSpec, request_overrides
@@ -154,6 +154,8 @@ class LockedRun:
             return get_client(config)
         except ConfigurationError:
             raise  # a setting to fix (TLS, the client factory): retrying cannot help
+        except STOPPING:
+            raise  # its soft time limit landed while connecting: fail at the limit, no retry
         except Exception as exc:
             self._unavailable(
                 f"could not connect to ZooKeeper at {config.hosts!r} within "

@@ -22,6 +22,8 @@ from typing import Any, Final
 
 from celery import states
 
+from celery_zklock.interrupt import STOPPING
+
 __all__ = [
     "SKIPPED_EVENT",
     "WAITING_EVENT",
@@ -64,6 +66,8 @@ def _store(task: Any, state: str, meta: dict[str, Any]) -> None:
         return
     try:
         task.update_state(state=state, meta=meta)
+    except STOPPING:
+        raise
     except Exception:  # no result backend, or it failed: the run goes on
         logger.debug("could not store state %s for %s", state, task.request.id, exc_info=True)
 
@@ -73,5 +77,7 @@ def _send(task: Any, event: str, **fields: Any) -> None:
         return
     try:
         task.send_event(event, retry=False, **fields)
+    except STOPPING:
+        raise
     except Exception:
         logger.debug("could not send %s for %s", event, task.request.id, exc_info=True)

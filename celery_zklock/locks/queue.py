@@ -46,6 +46,7 @@ from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
+    KazooException,
     NoAuthError,
     NodeExistsError,
     NoNodeError,
@@ -395,8 +396,9 @@ class ContenderQueue:
             return
 
     def abandon(self, prefix: str) -> None:
-        """Remove the node(s) of an abandoned attempt, found by its uuid prefix; never raises
-        an Exception (on failure the removal goes on in the background)."""
+        """Remove the node(s) of an abandoned attempt, found by its uuid prefix. When ZooKeeper
+        fails on the way the removal goes on in the background; anything else that lands here
+        (the caller's time limit, say) schedules that too and is raised."""
         io = Deadline(self.context.timing.idle_gap)
         what = f"removing an abandoned contender under {self.path}"
         try:
@@ -406,19 +408,21 @@ class ContenderQueue:
                         wait_result(self.client.delete_async(f"{self.path}/{child}"), io, what)
         except NoNodeError:
             pass
-        except Exception:
+        except (KazooException, ZooKeeperUnavailable):
             self.context.purge_later(self.path, prefix)
         except BaseException:
             self.context.purge_later(self.path, prefix)
             raise
 
     def discard(self, node: str) -> None:
-        """Remove our node after a busy try-lock; in the background if it cannot be done now."""
+        """Remove our node after a busy try-lock; in the background if ZooKeeper cannot do it
+        now. Anything else that lands here (the caller's time limit) schedules that and is
+        raised."""
         try:
             self.delete(node, Deadline(self.context.timing.idle_gap))
         except (NoNodeError, SessionExpiredError):
             pass
-        except Exception:
+        except (KazooException, ZooKeeperUnavailable):
             self.context.purge_later(self.path, node.rsplit("/", 1)[1])
         except BaseException:
             self.context.purge_later(self.path, node.rsplit("/", 1)[1])
