@@ -23,6 +23,7 @@ from celery_zklock import ZkLockTask, signals
 from celery_zklock.options import request_overrides
 from celery_zklock.testing.witness import Witness
 from tests.lockutil import task_client
+from workers.settings import broker_transport_options
 
 BROKER = os.environ.get("TASKAPP_BROKER", "redis://127.0.0.1:1/0")
 app = Celery("taskapp")
@@ -39,13 +40,11 @@ app.conf.update(
 )
 DIR = Path(os.environ.get("TASKAPP_DIR", "/tmp"))
 if "TASKAPP_VISIBILITY_TIMEOUT" in os.environ:
-    # Restore unacknowledged messages after this long, checked every second.
-    app.conf.broker_transport_options = {
-        "visibility_timeout": float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"]),
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-        "unacked_mutex_expire": 5,  # as the fleet's, workers/app.py: a dead sweeper's mutex lapses
-    }
+    # The fleet's options: restore unacknowledged messages after this long (checked every
+    # second for the short timeouts the tests use), a dead sweeper's mutex lapsing in 5 s.
+    app.conf.broker_transport_options = broker_transport_options(
+        float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"])
+    )
 if "TASKAPP_BEAT_EVERY" in os.environ:
     app.conf.beat_schedule = {
         "singleton": {

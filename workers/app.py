@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery
 
 import workers.chatter  # noqa: F401  (registers the zklock_chatter control command)
-from workers.settings import Settings, load_settings
+from workers.settings import Settings, broker_transport_options, load_settings
 from workers.tasks import RECORD_URL_SETTING, register_tasks
 
 __all__ = ["app", "broker_transport_options", "celery_config", "create_app"]
@@ -58,27 +58,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "zklock_root": settings.zk_root,
         RECORD_URL_SETTING: settings.record_url,
     }
-
-
-def broker_transport_options(visibility_timeout: float) -> dict[str, Any]:
-    """The Redis transport options of the fleet: redelivery after ``visibility_timeout`` s."""
-    # kombu sweeps for overdue messages every interval * throttle seconds (100 s by default):
-    # sweep often enough that a dead worker's message waits about the visibility timeout.
-    interval = max(1, min(10, int(visibility_timeout // 10)))
-    return {
-        "visibility_timeout": visibility_timeout,
-        "unacked_restore_interval": interval,
-        "unacked_restore_throttle": 1,
-        # A sweep holds a Redis mutex that lapses after this long (300 s by default). A worker
-        # killed inside a sweep (it takes milliseconds, more when Redis fsyncs every write)
-        # stopped all redelivery for five minutes; concurrent sweeps are safe (kombu restores
-        # each message in a transaction), so a short lapse costs nothing.
-        "unacked_mutex_expire": RESTORE_MUTEX_EXPIRE,
-    }
-
-
-RESTORE_MUTEX_EXPIRE = 5
-"""Seconds kombu's restore mutex outlives a sweeper that died holding it (see above)."""
 
 
 def create_app(

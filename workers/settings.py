@@ -34,7 +34,14 @@ from urllib.parse import urlsplit
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.validate import positive_int, seconds, znode_path
 
-__all__ = ["POOLS", "REDIS_SCHEMES", "Settings", "SettingsError", "load_settings"]
+__all__ = [
+    "POOLS",
+    "REDIS_SCHEMES",
+    "Settings",
+    "SettingsError",
+    "broker_transport_options",
+    "load_settings",
+]
 
 POOLS: Final[tuple[str, ...]] = ("prefork", "threads", "gevent", "solo")
 REDIS_SCHEMES: Final[tuple[str, ...]] = ("redis", "rediss")
@@ -197,3 +204,24 @@ def _checked(values: Mapping[str, object], text: bool = False) -> tuple[dict[str
         except ConfigurationError as exc:
             problems.append(str(exc))
     return checked, problems
+
+
+def broker_transport_options(visibility_timeout: float) -> dict[str, Any]:
+    """The Redis transport options of the fleet: redelivery after ``visibility_timeout`` s."""
+    # kombu sweeps for overdue messages every interval * throttle seconds (100 s by default):
+    # sweep often enough that a dead worker's message waits about the visibility timeout.
+    interval = max(1, min(10, int(visibility_timeout // 10)))
+    return {
+        "visibility_timeout": visibility_timeout,
+        "unacked_restore_interval": interval,
+        "unacked_restore_throttle": 1,
+        # A sweep holds a Redis mutex that lapses after this long (300 s by default). A worker
+        # killed inside a sweep (it takes milliseconds, more when Redis fsyncs every write)
+        # stopped all redelivery for five minutes; concurrent sweeps are safe (kombu restores
+        # each message in a transaction), so a short lapse costs nothing.
+        "unacked_mutex_expire": RESTORE_MUTEX_EXPIRE,
+    }
+
+
+RESTORE_MUTEX_EXPIRE = 5
+"""Seconds kombu's restore mutex outlives a sweeper that died holding it (see above)."""

@@ -11,7 +11,7 @@ from typing import Any
 from kombu import Connection
 from kombu.transport.redis import Mutex
 
-from workers.app import broker_transport_options
+from workers.settings import broker_transport_options
 
 VISIBILITY = 1.0
 QUEUE = "redelivery-test"
