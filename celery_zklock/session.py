@@ -145,7 +145,7 @@ def new_client(config: ClientConfig) -> KazooClient:
             )
     if config.sasl:
         kwargs["sasl_options"] = dict(config.sasl)
-    return KazooClient(
+    client = KazooClient(
         hosts=config.hosts,
         timeout=config.session_timeout,
         handler=_make_handler(config.handler),
@@ -153,6 +153,8 @@ def new_client(config: ClientConfig) -> KazooClient:
         default_acl=list(config.acl) or None,
         **kwargs,
     )
+    adapter.use_direct_socket_io(client)  # threading clients: recv/send before polling
+    return client
 
 
 def _client_from_factory(spec: str) -> KazooClient:

@@ -20,6 +20,9 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   server runs with ``zookeeper.extendedTypesEnabled=true``, else it answers ``Unimplemented``)
   and ``removeWatches`` (opcode 18), sent through ``KazooClient._call`` like kazoo's own.
 - **A client-side watcher** that did not fire is dropped from ``KazooClient._data_watchers``.
+- **Socket reads and writes that try before they poll**: :func:`use_direct_socket_io` makes a
+  client's ``ConnectionHandler`` a :class:`~celery_zklock.kazoo_handler.DirectSocketConnection`
+  (it overrides ``_read`` and ``_write``).
 - **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
   ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
@@ -61,6 +64,8 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("KazooClient", "_data_watchers"),
     ("KazooClient", "_stopped"),
     ("KazooClient", "_connection"),
+    ("ConnectionHandler", "_read"),
+    ("ConnectionHandler", "_write"),
 )
 
 #: ZooKeeper's CreateMode.CONTAINER flag.
@@ -98,6 +103,25 @@ def install_connect_hook() -> None:
 
 
 install_connect_hook()
+
+
+def use_direct_socket_io(client: KazooClient) -> bool:
+    """Give a not yet started threading ``client`` socket I/O that polls only when the socket
+    would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`). True if it
+    now has it; False (unchanged) for a started client or another connection class."""
+    from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
+
+    connection = client._connection
+    if type(connection) is DirectSocketConnection:
+        return True
+    if (
+        type(connection) is not ConnectionHandler
+        or not isinstance(client.handler, PollingThreadingHandler)
+        or not client._stopped.is_set()
+    ):
+        return False
+    connection.__class__ = DirectSocketConnection  # adds no state: same object, two methods
+    return True
 
 
 def requested_timeout(client: KazooClient) -> float:
