@@ -55,6 +55,8 @@ from kazoo.protocol.serialization import (
 )
 from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
+from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
+
 #: (object, attribute) pairs of kazoo's private API this module relies on.
 PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("ConnectionHandler", "_invoke"),
@@ -109,8 +111,6 @@ def use_direct_socket_io(client: KazooClient) -> bool:
     """Give a not yet started threading ``client`` socket I/O that polls only when the socket
     would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`). True if it
     now has it; False (unchanged) for a started client or another connection class."""
-    from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
-
     connection = client._connection
     if type(connection) is DirectSocketConnection:
         return True

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
 
 @pytest.fixture
@@ -16,3 +17,14 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def other_client(zk_hosts: str) -> Iterator[KazooClient]:
+    """A second session on the test ZooKeeper (``zk_client``'s is the first): another
+    contender, since a second acquire by one thread on one client re-enters its lock."""
+    client = KazooClient(zk_hosts, timeout=10)
+    client.start(timeout=15)
+    yield client
+    client.stop()
+    client.close()

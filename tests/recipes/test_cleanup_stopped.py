@@ -10,7 +10,6 @@ removal (billiard raises it wherever the task's thread is) was swallowed: the tr
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,19 +17,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
-from celery_zklock import Mutex
+from celery_zklock import Lease, Mutex
 from celery_zklock.locks.queue import ContenderQueue
 from tests.lockutil import children, wait_for
-
-
-@pytest.fixture
-def holder_client(zk_hosts: str) -> Iterator[KazooClient]:
-    """Another session, to hold the lock (a second acquire on one thread would re-enter)."""
-    client = KazooClient(zk_hosts, timeout=10)
-    client.start(timeout=15)
-    yield client
-    client.stop()
-    client.close()
 
 
 def _once_on(thread: threading.Thread, error: BaseException, real: Any) -> Any:
@@ -46,14 +35,20 @@ def _once_on(thread: threading.Thread, error: BaseException, real: Any) -> Any:
     return call
 
 
+def _wait_only_holder_left(client: KazooClient, path: str, holder: Lease, what: str) -> None:
+    """The removal went on in the background: wait until the holder's node is the only one."""
+    holder_node = holder.node.rsplit("/", 1)[1]
+    wait_for(lambda: children(client, path) == [holder_node], what=what)
+
+
 def test_a_time_limit_in_a_busy_try_locks_removal_is_raised(
     zk_client: KazooClient,
-    holder_client: KazooClient,
+    other_client: KazooClient,
     lock_root: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = f"{lock_root}/busy"
-    holder = Mutex(holder_client, path).acquire(timeout=5)
+    holder = Mutex(other_client, path).acquire(timeout=5)
     me = threading.current_thread()
     monkeypatch.setattr(
         ContenderQueue,
@@ -62,21 +57,19 @@ def test_a_time_limit_in_a_busy_try_locks_removal_is_raised(
     )
     with pytest.raises(SoftTimeLimitExceeded):  # before the fix: None, i.e. "busy"
         Mutex(zk_client, path).acquire(blocking=False)
-    # the removal went on in the background: only the holder's node is left
-    wait_for(lambda: children(zk_client, path) == [holder.node.rsplit("/", 1)[1]],
-             what="the try-lock's node to go")  # fmt: skip
+    _wait_only_holder_left(zk_client, path, holder, "the try-lock's node to go")
     holder.release()
     wait_for(lambda: children(zk_client, path) == [], what="the lock to be empty")
 
 
 def test_a_time_limit_in_an_abandoned_acquires_removal_is_raised(
     zk_client: KazooClient,
-    holder_client: KazooClient,
+    other_client: KazooClient,
     lock_root: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = f"{lock_root}/abandoned"
-    holder = Mutex(holder_client, path).acquire(timeout=5)
+    holder = Mutex(other_client, path).acquire(timeout=5)
     me = threading.current_thread()
     real_listing = zk_client.get_children_async
     waited = threading.Event()
@@ -95,6 +88,5 @@ def test_a_time_limit_in_an_abandoned_acquires_removal_is_raised(
     monkeypatch.setattr(zk_client, "get_children_async", get_children_async)
     with pytest.raises(SoftTimeLimitExceeded):  # before the fix: the ConnectionLoss
         Mutex(zk_client, path).acquire(timeout=5)
-    wait_for(lambda: children(zk_client, path) == [holder.node.rsplit("/", 1)[1]],
-             what="the abandoned attempt's node to go")  # fmt: skip
+    _wait_only_holder_left(zk_client, path, holder, "the abandoned attempt's node to go")
     holder.release()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -21,15 +20,6 @@ from celery_zklock import (
 )
 from celery_zklock.testing.proxy import TcpProxy
 from tests.lockutil import children, expire_session, wait_for, watches_by_path
-
-
-@pytest.fixture
-def other_client(zk_hosts: str) -> Iterator[KazooClient]:
-    client = KazooClient(zk_hosts, timeout=10)
-    client.start(timeout=15)
-    yield client
-    client.stop()
-    client.close()
 
 
 def test_lease_layout_token_and_release(zk_client: KazooClient, lock_root: str) -> None:
