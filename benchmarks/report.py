@@ -185,10 +185,10 @@ def _task_layer_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
         _target(
             "7",
             f"the task layer adds at most {TARGET_TASK_LAYER_MS:g} ms of CPU over the recipe's "
-            "own cycle (median of per-repetition zklock - recipe)",
+            "own cycle (median of per-repetition zklock - (recipe+plain))",
             f"{_spread_cell(added, 3, signed=True)} ms "
             f"({_spread_cell(results['zklock']['cpu_ms_per_call'], 3)} vs "
-            f"{_spread_cell(results['recipe']['cpu_ms_per_call'], 3)} ms)",
+            f"{_spread_cell(results['recipe+plain']['cpu_ms_per_call'], 3)} ms)",
             None if added is None else added["median"] <= TARGET_TASK_LAYER_MS,
         )
     ]
@@ -560,9 +560,11 @@ def _task_layer_md(section: dict[str, Any]) -> list[str]:
         "",
         *_table(["contender", "CPU ms / call", "wall ms / call", "ZK requests / call"], rows),
         "",
-        f"Task layer (zklock - recipe, per repetition): CPU "
+        f"Task layer (zklock - (recipe+plain), per repetition): CPU "
         f"{_spread_cell(section['task_layer_cpu_ms'], 3, signed=True)} ms, wall "
-        f"{_spread_cell(section['task_layer_wall_ms'], 3, signed=True)} ms.",
+        f"{_spread_cell(section['task_layer_wall_ms'], 3, signed=True)} ms. With Celery's part "
+        f"of the call counted too (zklock - recipe): CPU "
+        f"{_spread_cell(section['over_recipe_cpu_ms'], 3, signed=True)} ms.",
     ]
 
 
