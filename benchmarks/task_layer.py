@@ -2,7 +2,7 @@
 
 A locked task call in a worker is the recipe's acquire and release plus the task layer around
 them (options, key, identity, policy, interruption, events). This section times, in one process,
-the CPU per call (``time.process_time``: all threads, kazoo's included) of three contenders on
+the CPU per call (``time.process_time``: all threads, kazoo's included) of four contenders on
 one client, ZooKeeper pinned to one CPU and this process to the other:
 
 - ``recipe``: a write-side ``Mutex`` acquire (try-lock) and release on a fresh key shaped like a
@@ -184,7 +184,7 @@ def _measure(call: Call, numbers: Iterator[int], calls: int, zk_port: int) -> di
 def run_section(
     zk: ZooKeeperServer, *, calls: int, warmup: int, repeats: int, progress: Progress
 ) -> dict[str, Any]:
-    """Time the three contenders, interleaved in an order rotated per repetition."""
+    """Time the four contenders, interleaved in an order rotated per repetition."""
     app = _app(zk)
     setup_worker_optimizations(app, hostname="bench@task-layer")
     numbers = itertools.count()  # every call of every contender takes a key never used
