@@ -23,6 +23,12 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
 - **Socket reads and writes that try before they poll**: :func:`use_direct_socket_io` makes a
   client's ``ConnectionHandler`` a :class:`~celery_zklock.kazoo_handler.DirectSocketConnection`
   (it overrides ``_read`` and ``_write``).
+- **Requests written by the thread that makes them**: the same function makes a plain
+  ``KazooClient`` a :class:`~celery_zklock.kazoo_handler.DirectSendClient` (it overrides
+  ``_call`` and ``_session_callback``); its connection writes a request under a lock that
+  kazoo's ``_send_request`` and ``_send_ping`` also take, with the next ``_xid``, after
+  appending it to ``KazooClient._pending``, and only while ``KazooClient._queue`` is empty and
+  the handshake (``_connect``) is done.
 - **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
   ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
@@ -55,7 +61,11 @@ from kazoo.protocol.serialization import (
 )
 from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
-from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
+from celery_zklock.kazoo_handler import (
+    DirectSendClient,
+    DirectSocketConnection,
+    PollingThreadingHandler,
+)
 
 #: (object, attribute) pairs of kazoo's private API this module relies on.
 PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
@@ -68,6 +78,13 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("KazooClient", "_connection"),
     ("ConnectionHandler", "_read"),
     ("ConnectionHandler", "_write"),
+    ("ConnectionHandler", "_connect"),
+    ("ConnectionHandler", "_send_request"),
+    ("ConnectionHandler", "_send_ping"),
+    ("ConnectionHandler", "_xid"),
+    ("KazooClient", "_queue"),
+    ("KazooClient", "_pending"),
+    ("KazooClient", "_session_callback"),
 )
 
 #: ZooKeeper's CreateMode.CONTAINER flag.
@@ -109,8 +126,10 @@ install_connect_hook()
 
 def use_direct_socket_io(client: KazooClient) -> bool:
     """Give a not yet started threading ``client`` socket I/O that polls only when the socket
-    would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`). True if it
-    now has it; False (unchanged) for a started client or another connection class."""
+    would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`) and, if it is
+    kazoo's own ``KazooClient``, requests written by the thread that makes them
+    (:class:`~celery_zklock.kazoo_handler.DirectSendClient`). True if it now has the socket
+    I/O; False (unchanged) for a started client or another connection class."""
     connection = client._connection
     if type(connection) is DirectSocketConnection:
         return True
@@ -120,7 +139,11 @@ def use_direct_socket_io(client: KazooClient) -> bool:
         or not client._stopped.is_set()
     ):
         return False
-    connection.__class__ = DirectSocketConnection  # adds no state: same object, two methods
+    # Same objects, more methods: the only state added is the connection's send lock.
+    connection.__class__ = DirectSocketConnection
+    if type(client) is KazooClient:
+        client.__class__ = DirectSendClient
+        connection.enable_direct_sends()
     return True
 
 

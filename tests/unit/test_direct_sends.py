@@ -1,0 +1,201 @@
+"""``DirectSocketConnection.send_now``: when a request is written by the thread that makes it,
+and what it leaves for kazoo's connection thread (kazoo_handler). On a real socket pair, with a
+stand-in for the two queues of kazoo's client; tests/recipes/test_direct_sends.py runs the same
+path against a real ZooKeeper."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.protocol.serialization import Auth, CloseInstance, Exists
+
+from celery_zklock.kazoo_handler import (
+    DirectSendClient,
+    DirectSocketConnection,
+    PollingThreadingHandler,
+)
+from celery_zklock.locks import adapter
+from celery_zklock.session import ClientConfig, new_client
+
+
+@pytest.fixture
+def conn() -> Iterator[tuple[DirectSocketConnection, socket.socket]]:
+    """A connection after its handshake (direct sends on, xid 0) and the server's end."""
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    peer.settimeout(5)
+    connection = DirectSocketConnection.__new__(DirectSocketConnection)
+    connection.handler = PollingThreadingHandler()
+    connection.logger = logging.getLogger("test.direct_sends")
+    connection.client = SimpleNamespace(_queue=deque(), _pending=deque())
+    connection._socket = ours
+    connection._xid = 0
+    connection.enable_direct_sends()
+    connection._direct_sends = True
+    connection._send_timeout = 1.0
+    try:
+        yield connection, peer
+    finally:
+        ours.close()
+        peer.close()
+
+
+def _nothing_written(peer: socket.socket) -> bool:
+    peer.setblocking(False)
+    try:
+        return peer.recv(1) == b""
+    except BlockingIOError:
+        return True
+
+
+def test_a_request_is_written_whole_after_it_awaits_its_answer(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+    request, result = Exists("/a", None), object()
+    assert connection.send_now(request, result) is True
+    body = bytes(request.serialize())
+    length, xid, opcode = struct.unpack("!iii", peer.recv(12))
+    assert (length, xid, opcode) == (len(body) + 8, 1, Exists.type)
+    assert peer.recv(len(body)) == body
+    assert list(connection.client._pending) == [(request, result, 1)]
+    assert connection.send_now(Exists("/b", None), object()) is True
+    assert struct.unpack("!iii", peer.recv(12))[1] == 2  # the next xid
+
+
+def test_nothing_is_written_ahead_of_kazoo_s_queue(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+    connection.client._queue.append((Exists("/first", None), object()))
+    assert connection.send_now(Exists("/second", None), object()) is False
+    assert _nothing_written(peer)
+    assert not connection.client._pending and connection._xid == 0
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [Auth(0, "digest", "u:p"), CloseInstance, object()],
+    ids=["auth", "close", "kazoo-test-sentinel"],
+)
+def test_requests_only_the_connection_thread_sends_go_to_the_queue(
+    conn: tuple[DirectSocketConnection, socket.socket], request_: Any
+) -> None:
+    connection, peer = conn
+    assert connection.send_now(request_, object()) is False
+    assert _nothing_written(peer) and not connection.client._pending
+
+
+def test_before_a_handshake_or_without_the_lock_kazoo_s_path_is_taken(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+    connection.stop_direct_sends()
+    assert connection.send_now(Exists("/a", None), object()) is False
+    connection._direct_sends = True
+    connection._send_lock = None  # a connection that never had enable_direct_sends
+    assert connection.send_now(Exists("/a", None), object()) is False
+    assert _nothing_written(peer) and not connection.client._pending
+
+
+def test_a_request_that_cannot_be_serialised_raises_and_sends_nothing(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+
+    class Unwritable(Exists):  # type: ignore[misc]
+        def serialize(self) -> bytearray:
+            raise ValueError("cannot be written")
+
+    with pytest.raises(ValueError, match="cannot be written"):
+        connection.send_now(Unwritable("/a", None), object())
+    assert _nothing_written(peer)
+    assert not connection.client._pending and connection._xid == 0
+
+
+def test_a_failed_write_ends_the_connection_and_leaves_the_request_to_be_failed(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+    peer.close()
+    request, result = Exists("/a", None), object()
+    assert connection.send_now(request, result) is True  # taken: the connection thread fails it
+    assert list(connection.client._pending) == [(request, result, 1)]
+    assert connection._direct_sends is False
+    assert connection._socket.recv(1) == b""  # shut down: the connection thread's read fails
+    assert connection.send_now(Exists("/b", None), object()) is False
+
+
+def test_an_interruption_during_the_write_ends_the_connection_and_is_raised(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+
+    def interrupted(msg: bytes, timeout: float) -> None:
+        peer.settimeout(None)
+        connection._socket.send(msg[:6])  # part of the request is on the wire
+        raise KeyboardInterrupt
+
+    connection._write = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        connection.send_now(Exists("/a", None), object())
+    assert connection._direct_sends is False
+    assert len(connection.client._pending) == 1  # failed by the connection thread, as it drops
+    assert len(peer.recv(6)) == 6 and peer.recv(1) == b""  # shut down: the server sees the end
+
+
+def test_stopping_waits_for_a_write_in_progress(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, _ = conn
+    lock = connection._send_lock
+    assert lock is not None
+    lock.acquire()  # a write in progress
+    stopped = threading.Event()
+    stopper = threading.Thread(target=lambda: (connection.stop_direct_sends(), stopped.set()))
+    stopper.start()
+    assert not stopped.wait(0.2)
+    lock.release()
+    assert stopped.wait(5)
+    stopper.join()
+    assert connection._direct_sends is False
+
+
+def test_sending_a_close_stops_direct_sends(
+    conn: tuple[DirectSocketConnection, socket.socket],
+) -> None:
+    connection, peer = conn
+    wake_read, wake_write = socket.socketpair()
+    try:
+        connection._read_sock = wake_read
+        wake_write.send(b"\0")
+        connection.client._queue.append((CloseInstance, None))
+        connection._send_request(1.0, 1.0)
+        assert connection._direct_sends is False
+        assert struct.unpack("!iii", peer.recv(12))[2] == CloseInstance.type
+        assert connection.send_now(Exists("/a", None), object()) is False
+    finally:
+        wake_read.close()
+        wake_write.close()
+
+
+def test_the_library_s_clients_send_directly_and_others_keep_kazoo_s_path() -> None:
+    client = new_client(ClientConfig(hosts="127.0.0.1:1"))
+    assert type(client) is DirectSendClient
+    assert client._connection._send_lock is not None
+
+    class Custom(KazooClient):  # type: ignore[misc]
+        pass
+
+    custom = Custom("127.0.0.1:1", handler=PollingThreadingHandler())
+    assert adapter.use_direct_socket_io(custom) is True  # the socket I/O, not the sends
+    assert type(custom) is Custom and custom._connection._send_lock is None
