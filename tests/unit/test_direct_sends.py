@@ -188,6 +188,42 @@ def test_sending_a_close_stops_direct_sends(
         wake_write.close()
 
 
+@pytest.mark.parametrize("send", ["queued request", "ping"])
+def test_the_connection_thread_s_writes_wait_for_a_direct_write_in_progress(
+    conn: tuple[DirectSocketConnection, socket.socket], send: str
+) -> None:
+    """A queued request's xid and its place among those awaiting an answer, and a ping's
+    bytes, must not interleave with a direct write: kazoo's writes take the same lock."""
+    connection, peer = conn
+    wake_read, wake_write = socket.socketpair()
+    lock = connection._send_lock
+    assert lock is not None
+    try:
+        connection._read_sock = wake_read
+        connection._ro_mode = None
+        connection.ping_outstanding = threading.Event()
+        wake_write.send(b"\0")
+        connection.client._queue.append((Exists("/queued", None), object()))
+        if send == "ping":
+            target = lambda: connection._send_ping(1.0)  # noqa: E731
+        else:
+            target = lambda: connection._send_request(1.0, 1.0)  # noqa: E731
+        lock.acquire()  # a direct write in progress
+        writer = threading.Thread(target=target)
+        writer.start()
+        writer.join(0.3)
+        assert writer.is_alive() and _nothing_written(peer)
+        lock.release()
+        writer.join(5)
+        peer.setblocking(True)
+        assert len(peer.recv(12)) == 12  # written once the lock was free
+    finally:
+        if lock.locked():
+            lock.release()
+        wake_read.close()
+        wake_write.close()
+
+
 def test_the_library_s_clients_send_directly_and_others_keep_kazoo_s_path() -> None:
     client = new_client(ClientConfig(hosts="127.0.0.1:1"))
     assert type(client) is DirectSendClient
