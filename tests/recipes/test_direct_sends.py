@@ -7,6 +7,7 @@ a connection that drops, a write that fails or a stop leaves no request unanswer
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -201,15 +202,19 @@ def test_a_stop_under_load_settles_every_request(client: KazooClient, lock_root:
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    def load() -> None:
+    def load() -> None:  # up to 50 requests in flight per thread
+        in_flight: deque[Any] = deque()
         while not stop.is_set():
             try:
+                if len(in_flight) == 50:
+                    in_flight.popleft().wait(ANSWER_WITHIN)
                 result = client.exists_async(lock_root)
             except ConnectionClosedError:
                 return  # kazoo refused it up front: the client is stopping
             except BaseException as exc:
                 errors.append(exc)
                 return
+            in_flight.append(result)
             with lock:
                 results.append(result)
 
