@@ -204,38 +204,33 @@ class DirectSocketConnection(ConnectionHandler):  # type: ignore[misc]
     def stop_direct_sends(self) -> None:
         """Send nothing more on this thread until the next handshake (waits for a write in
         progress, so every request written so far is in kazoo's ``_pending``)."""
+        with self._writes_locked():
+            self._direct_sends = False
+
+    def _writes_locked(self) -> contextlib.AbstractContextManager[Any]:
+        """The send lock held, or nothing for a connection without direct sends."""
         lock = self._send_lock
-        if lock is not None:
-            with lock:
-                self._direct_sends = False
+        return lock if lock is not None else contextlib.nullcontext()
 
     def _connect(self, host: str, hostip: str, port: int) -> Any:
         timeouts = super()._connect(host, hostip, port)
-        lock = self._send_lock
-        if lock is not None:
-            with lock:
-                self._send_timeout = timeouts[1] / 1000.0
-                # OpenSSL does not allow one thread to write while another reads
-                self._direct_sends = not isinstance(self._socket, ssl.SSLSocket)
+        with self._writes_locked():
+            self._send_timeout = timeouts[1] / 1000.0
+            # OpenSSL does not allow one thread to write while another reads
+            self._direct_sends = self._send_lock is not None and not isinstance(
+                self._socket, ssl.SSLSocket
+            )
         return timeouts
 
     def _send_request(self, read_timeout: float, connect_timeout: float) -> None:
-        lock = self._send_lock
-        if lock is None:
-            super()._send_request(read_timeout, connect_timeout)
-            return
-        with lock:
+        with self._writes_locked():
             queue = self.client._queue
             if queue and isinstance(queue[0][0], Close):
                 self._direct_sends = False
             super()._send_request(read_timeout, connect_timeout)
 
     def _send_ping(self, connect_timeout: float) -> None:
-        lock = self._send_lock
-        if lock is None:
-            super()._send_ping(connect_timeout)
-            return
-        with lock:
+        with self._writes_locked():
             super()._send_ping(connect_timeout)
 
 
