@@ -40,6 +40,7 @@ from benchmarks.celery_app import (
     create_app,
 )
 from benchmarks.common import (
+    ZK_WARMUP_REQUESTS,
     Progress,
     cpu_snapshot,
     cpu_used,
@@ -50,6 +51,7 @@ from benchmarks.common import (
     spread,
     taskset_unavailable,
     thread_affinities,
+    warm_zookeeper,
 )
 from benchmarks.contenders import Contender, Tally, section_settings
 from celery_zklock.session import close_clients
@@ -362,6 +364,8 @@ def run_section(
             else layout["reason"]
         )
     )
+    warmed_s = warm_zookeeper(zk_server.hosts)
+    progress(f"celery: ZooKeeper warmed with {ZK_WARMUP_REQUESTS} requests in {warmed_s:.1f} s")
     log_dir = make_temp_dir("zklock-bench-celery-")
     worker: CeleryWorker | None = None
     tally = Tally()
@@ -401,6 +405,8 @@ def run_section(
         "config": {
             "batch": batch,
             "warmup": warmup,
+            "zookeeper_warmup": f"{ZK_WARMUP_REQUESTS} requests of a locked task's kind before "
+            "the worker starts (benchmarks.common.warm_zookeeper), untimed",
             "repeats": repeats,
             "worker": f"1 celery worker, {POOL} pool, concurrency {CONCURRENCY}, the fleet's "
             "settings (prefetch 1, late acks, track started, Redis broker and backend), "

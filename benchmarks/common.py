@@ -38,6 +38,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from celery_zklock.locks.adapter import create_node_and_parent_async, created_with_parent
 from celery_zklock.testing import RedisServer, ZooKeeperServer
 from celery_zklock.testing.zookeeper import four_letter_word, srvr
 
@@ -185,6 +186,53 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+#: Requests a section sends a fresh ZooKeeper before it measures (:func:`warm_zookeeper`).
+ZK_WARMUP_REQUESTS = 30_000
+
+
+def warm_zookeeper(hosts: str, requests: int = ZK_WARMUP_REQUESTS, window: int = 200) -> float:
+    """Send a fresh ZooKeeper about ``requests`` requests of a lock's kind, untimed; the seconds
+    it took.
+
+    A production ZooKeeper has run for days: its JVM has compiled its request path and its
+    transaction log is preallocated. A server started for a section has neither, and its first
+    few thousand requests answer slower; in section 4 that fell on whichever contender came first
+    (its first repetition was the slowest in every full run on record). So the section warms the
+    server first with the requests a locked task on a fresh key makes: a ``multi`` creating a
+    container and an ephemeral sequential node under it, then the node's delete (here with its
+    container's, so the server's container reaper has nothing left to do while the section
+    measures), ``window`` of each in flight. Everything it makes is gone when it returns.
+    """
+    client = KazooClient(hosts=hosts, timeout=WORKER_SESSION_TIMEOUT_S)
+    client.start(timeout=30)
+    started = time.monotonic()
+    try:
+        root = "/zklock-bench-warm"
+        client.ensure_path(root)
+        for first in range(0, max(requests // 2, 1), window):
+            creates = []
+            for index in range(first, first + window):
+                parent = f"{root}/k{index}"
+                answer = create_node_and_parent_async(client, parent, f"{parent}/lock-", b"")
+                creates.append((parent, answer))
+            deletes = []
+            for parent, answer in creates:
+                node, _ = created_with_parent(answer.get(timeout=30))
+                transaction = client.transaction()
+                transaction.delete(node)
+                transaction.delete(parent)
+                deletes.append(transaction.commit_async())
+            for deleted in deletes:
+                for result in deleted.get(timeout=30):
+                    if isinstance(result, Exception):
+                        raise result
+        client.delete(root)
+    finally:
+        client.stop()
+        client.close()
+    return time.monotonic() - started
 
 
 def mntr(port: int) -> dict[str, str]:
