@@ -2,6 +2,12 @@
 
 :class:`LockedRun` works out the call's options, lock path, lock side and identity once, then:
 
+0. **ahead** (in a worker, exclusive and shared locks without ``dedupe``): when Celery announces
+   the run (``task_prerun``), :meth:`LockedRun.send_ahead` sends the create of the run's
+   contender node and does not wait, so its round trip overlaps what Celery does before the
+   call (the track-started write); the acquire below finishes it. A run that never reaches the
+   acquire removes that node at ``task_postrun`` (:meth:`LockedRun.drop_sent_ahead`).
+
 1. **acquire**: a try-lock; when busy, the task's busy policy (:mod:`celery_zklock.policy`),
    after :mod:`celery_zklock.delivery` has looked for another delivery of this very task in the
    queue. ZooKeeper failing on the way is the ``unavailable`` situation, never a busy lock.
@@ -65,6 +71,7 @@ class LockedRun:
     def __init__(self, task: Any, spec: TaskLockSpec, args: Any, kwargs: Any):
         request = task.request
         self.task = task
+        self.call = (args, kwargs)
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
@@ -76,12 +83,42 @@ class LockedRun:
         self.granted_at: float | None = None
         self.lost_told = False
         self.lost_told_event: threading.Event | None = None
+        self.side: Mutex | None = None  # made by send_ahead, with the client it used
+        self.side_client: KazooClient | None = None
+
+    def send_ahead(self) -> bool:
+        """Send the create of this run's contender node now, without waiting (see step 0 of
+        the module docstring); whether it went. Never raises: whatever stops it here (no
+        connection yet, a setting to fix) is met again, and reported, by :meth:`run`."""
+        options = self.options
+        if not self.in_worker or options.mode == "semaphore" or options.dedupe is not None:
+            return False
+        try:
+            client = get_client(self.settings.client)
+            side = self._side(client)
+            sent = side._send_ahead(delivery.identity(self.task, self.request))
+        except Exception:
+            return False
+        self.side, self.side_client = side, client
+        return sent
+
+    def drop_sent_ahead(self) -> None:
+        """Remove the node :meth:`send_ahead` created if the acquire never took it up."""
+        if self.side is not None:
+            self.side._drop_sent_ahead()
 
     def run(self, body: Callable[[], Any]) -> Any:
         """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
 
         With ``dedupe``, the call's marker goes when the run starts (``queued``) or when it ends
-        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`."""
+        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`. A create sent ahead
+        that the acquire did not take up (the run ended before it) is removed on the way out."""
+        try:
+            return self._run_marked(body)
+        finally:
+            self.drop_sent_ahead()
+
+    def _run_marked(self, body: Callable[[], Any]) -> Any:
         client = self._client()
         dedupe = self.options.dedupe
         if dedupe == "queued":
@@ -96,14 +133,19 @@ class LockedRun:
             if dedupe == "running" and not retrying:
                 release_marker(client, self.path, self.task_id)
 
-    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
-        side: Mutex
+    def _side(self, client: KazooClient) -> Mutex:
         if self.options.mode == "semaphore":
             assert self.options.limit is not None  # LockOptions requires it with this mode
-            side = Semaphore(client, self.path, self.options.limit)
-        else:  # one side of the path's ReadWriteLock
-            kind = WRITE if self.options.mode == "exclusive" else READ
-            side = Mutex(client, self.path, kind=kind)
+            return Semaphore(client, self.path, self.options.limit)
+        # one side of the path's ReadWriteLock
+        kind = WRITE if self.options.mode == "exclusive" else READ
+        return Mutex(client, self.path, kind=kind)
+
+    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
+        side = self.side
+        if side is None or self.side_client is not client:  # none sent ahead, or on another client
+            self.drop_sent_ahead()
+            side = self._side(client)
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from celery import Task, uuid
-from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
 from celery_zklock import holders
 from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
@@ -163,7 +169,12 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return lease
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = LockedRun(self, self._zklock_compile(), args, kwargs)
+        run = _take_run_ahead(self.request)  # made at task_prerun for this call
+        if run is not None and run.call != (args, kwargs):  # a subclass changed the arguments
+            run.drop_sent_ahead()
+            run = None
+        if run is None:
+            run = LockedRun(self, self._zklock_compile(), args, kwargs)
         return run.run(functools.partial(super().__call__, *args, **kwargs))
 
     # -- operating -----------------------------------------------------------------------
@@ -186,6 +197,39 @@ def _signature_of_run(cls: type) -> inspect.Signature:
     return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
+def _send_lock_request_ahead(
+    sender: Any = None, args: Any = None, kwargs: Any = None, **_: Any
+) -> None:
+    """``task_prerun``: the locked run is worked out and its first request goes out now
+    (:meth:`LockedRun.send_ahead`); ``__call__`` takes the run over. A call it cannot work out
+    (arguments the key refuses, say) is left to ``__call__``, which reports it."""
+    if not isinstance(sender, ZkLockTask):
+        return
+    try:
+        run = LockedRun(sender, sender._zklock_compile(), tuple(args or ()), dict(kwargs or {}))
+    except Exception:
+        return
+    run.send_ahead()
+    setattr(sender.request, _RUN_AHEAD, run)
+
+
+def _drop_lock_request_sent_ahead(sender: Any = None, **_: Any) -> None:
+    """``task_postrun``: remove the node of a request sent ahead that no ``__call__`` took up
+    (Celery failed between the two: its track-started write, say)."""
+    if not isinstance(sender, ZkLockTask):
+        return
+    run = _take_run_ahead(sender.request)
+    if run is not None:
+        run.drop_sent_ahead()
+
+
+def _take_run_ahead(request: Any) -> LockedRun | None:
+    run: LockedRun | None = getattr(request, _RUN_AHEAD, None)
+    if run is not None:
+        setattr(request, _RUN_AHEAD, None)
+    return run
+
+
 def _close_clients_on_shutdown(**_: Any) -> None:
     close_clients()
 
@@ -206,6 +250,11 @@ def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery-zklock: {exc}") from None
 
 
+#: The task request's attribute holding a run whose first request went out at task_prerun.
+_RUN_AHEAD: Final = "_zklock_run_ahead"
+
+task_prerun.connect(_send_lock_request_ahead, weak=False)
+task_postrun.connect(_drop_lock_request_sent_ahead, weak=False)
 worker_init.connect(_check_settings_at_worker_start, weak=False)
 worker_process_shutdown.connect(_close_clients_on_shutdown, weak=False)
 worker_shutdown.connect(_close_clients_on_shutdown, weak=False)

@@ -25,7 +25,7 @@ from celery_zklock.errors import ZkLockError, ZooKeeperUnavailable
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
 from celery_zklock.locks.context import ClientContext, Deadline, context_for
 from celery_zklock.locks.lease import Hold, Lease
-from celery_zklock.locks.queue import ContenderQueue, SessionGone
+from celery_zklock.locks.queue import ContenderQueue, SentCreate, SessionGone
 
 
 class Mutex:
@@ -45,6 +45,7 @@ class Mutex:
     def __init__(self, client: KazooClient, path: str, *, kind: LockKind = MUTEX) -> None:
         self._context: ClientContext = context_for(client)
         self._queue = ContenderQueue(self._context, path, kind)
+        self._sent: SentCreate | None = None
 
     @property
     def path(self) -> str:
@@ -109,18 +110,28 @@ class Mutex:
         behind (if ZooKeeper is unreachable at that moment, the node is removed in the
         background, or goes with its session).
         """
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        sent, self._sent = self._sent, None  # a create sent ahead: this call finishes or removes it
         context = self._context
-        context.check_usable()
-        thread_id = threading.get_ident()
-        reentered = self._reenter(thread_id)
-        if reentered is not None:
-            return Lease(reentered, self._release)
-        wait, io = self._deadlines(blocking, timeout)
         try:
-            context.ensure_timeout_known(io)
-            hold = self._acquire_node(blocking, wait, io, thread_id, data)
+            if timeout is not None and timeout < 0:
+                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+            context.check_usable()
+            thread_id = threading.get_ident()
+            reentered = self._reenter(thread_id)
+            if reentered is not None:
+                self._abandon(sent)
+                return Lease(reentered, self._release)
+            wait, io = self._deadlines(blocking, timeout)
+        except BaseException:
+            self._abandon(sent)
+            raise
+        try:
+            try:
+                context.ensure_timeout_known(io)
+            except BaseException:
+                self._abandon(sent)
+                raise
+            hold = self._acquire_node(blocking, wait, io, thread_id, data, sent)
         except ConnectionClosedError as exc:
             raise ZooKeeperUnavailable(
                 f"the kazoo client was stopped while acquiring {self.path}"
@@ -135,6 +146,31 @@ class Mutex:
             context.owned[(self.path, thread_id)] = hold
         context.track(hold)
         return Lease(hold, self._release)
+
+    def _send_ahead(self, data: bytes) -> bool:
+        """Send the create of this lock's contender node now, holding ``data``, and return
+        whether it went (not while the client is disconnected or unusable). The next
+        :meth:`acquire` on this object finishes it (it must get the same ``data``) or, if it
+        ends another way (reentered, refused, failed), removes the node; so does
+        :meth:`_drop_sent_ahead`. For the task layer, which sends it when Celery announces the
+        run, so that its round trip overlaps Celery's own work before the call."""
+        if self._sent is not None:
+            return True
+        try:
+            self._context.check_usable()
+        except ZkLockError:
+            return False
+        self._sent = self._queue.send_create(protected_prefix(str(uuid4())), data)
+        return self._sent is not None
+
+    def _drop_sent_ahead(self) -> None:
+        """Remove the node of a create :meth:`_send_ahead` sent that no acquire took up."""
+        sent, self._sent = self._sent, None
+        self._abandon(sent)
+
+    def _abandon(self, sent: SentCreate | None) -> None:
+        if sent is not None:
+            self._queue.abandon(sent.prefix)
 
     def _deadlines(self, blocking: bool, timeout: float | None) -> tuple[Deadline, Deadline]:
         """The deadline of the wait for other holders, and the one of each request's answer."""
@@ -164,13 +200,20 @@ class Mutex:
             return hold
 
     def _acquire_node(
-        self, blocking: bool, wait: Deadline, io: Deadline, thread_id: int, data: bytes
+        self,
+        blocking: bool,
+        wait: Deadline,
+        io: Deadline,
+        thread_id: int,
+        data: bytes,
+        sent: SentCreate | None = None,
     ) -> Hold | None:
         queue, context = self._queue, self._context
         while True:
-            prefix = protected_prefix(str(uuid4()))
+            attempt, sent = sent, None
+            prefix = protected_prefix(str(uuid4())) if attempt is None else attempt.prefix
             try:
-                created = queue.enqueue(prefix, io, data)
+                created = queue.enqueue(prefix, io, data, attempt)
                 granted = queue.await_grant(created, blocking, wait, io)
                 if granted:
                     self._ensure_fresh(io)
