@@ -113,24 +113,21 @@ class Mutex:
         sent, self._sent = self._sent, None  # a create sent ahead: this call finishes or removes it
         context = self._context
         try:
-            if timeout is not None and timeout < 0:
-                raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
-            context.check_usable()
-            thread_id = threading.get_ident()
-            reentered = self._reenter(thread_id)
-            if reentered is not None:
-                self._abandon(sent)
-                return Lease(reentered, self._release)
-            wait, io = self._deadlines(blocking, timeout)
-        except BaseException:
-            self._abandon(sent)
-            raise
-        try:
-            try:
-                context.ensure_timeout_known(io)
+            try:  # until _acquire_node takes it up, an error here removes the create's node
+                if timeout is not None and timeout < 0:
+                    raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+                context.check_usable()
+                thread_id = threading.get_ident()
+                reentered = self._reenter(thread_id)
+                if reentered is None:
+                    wait, io = self._deadlines(blocking, timeout)
+                    context.ensure_timeout_known(io)
             except BaseException:
                 self._abandon(sent)
                 raise
+            if reentered is not None:
+                self._abandon(sent)
+                return Lease(reentered, self._release)
             hold = self._acquire_node(blocking, wait, io, thread_id, data, sent)
         except ConnectionClosedError as exc:
             raise ZooKeeperUnavailable(
