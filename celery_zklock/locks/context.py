@@ -109,6 +109,9 @@ class ClientContext:
         self._purging = False
         #: Incremented each time the session is lost; lets a caller see "the session changed".
         self.epoch = 0
+        #: Incremented at every state kazoo reports, before waiters are woken: watches set
+        #: while it stays the same were set on one connection, which is still up.
+        self.state_changes = 0
         self._valid_until = -math.inf
         self._renewing_since: float | None = None
         self._last_renewal_sent: float | None = None
@@ -474,6 +477,7 @@ class ClientContext:
     # -- kazoo's states -------------------------------------------------------------------
     def _on_state(self, state: str) -> bool:
         with self.lock:
+            self.state_changes += 1
             wakeups = list(self._wakeups)
         for event in wakeups:
             event.set()

@@ -13,8 +13,13 @@ One acquire, step by step:
    pair. The create's answer reached the leader, so it moves the client's lease clock forward.
 2. Decide with the listing. Held: done. Not held: watch the one node that blocks us (``exists``
    with a watch; if it is already gone, list again), wait for its deletion or a connection state
-   change, list again, decide again. A decision taken while the client is between connections
-   waits for the reconnect and is kept only if the session is still the one that created our node.
+   change, list again, decide again. When that node is the last one in our way, the same round
+   trip also watches ours, and the deletion alone grants the lock: ZooKeeper reports a
+   session's watch events in the order of the changes, so a deletion of ours before it would
+   have come first (see :meth:`ContenderQueue._wait_for_deletion`). The usual handoff to the
+   next in line then costs no round trip after the holder's delete. A decision taken while the
+   client is between connections waits for the reconnect and is kept only if the session is
+   still the one that created our node.
 3. If the outcome of a create is unknown (the connection dropped before its answer), the node is
    looked for by the uuid in its name, after a ``sync`` (a lagging follower may not show it yet),
    before anything is created again; every child with our uuid is ours, and twins are deleted.
@@ -38,7 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +57,7 @@ from kazoo.exceptions import (
     NoNodeError,
     SessionExpiredError,
 )
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
@@ -341,8 +346,15 @@ class ContenderQueue:
             if not blocking:
                 return False
             assert decision.watch is not None
-            self._wait_for_deletion(f"{self.path}/{decision.watch}", wait, io)
-            children = self.listing(io)
+            rest = [child for child in children if child != decision.watch]
+            # The watched node the last one in our way: also watch ours, so that the deletion
+            # alone can tell that we hold (see _wait_for_deletion), without a new listing.
+            last = decide(queue_of(rest), created.name, kind.kind, kind.limit).holds
+            own = f"{self.path}/{created.name}" if last else None
+            if self._wait_for_deletion(f"{self.path}/{decision.watch}", wait, io, own):
+                children = rest
+            else:
+                children = self.listing(io)
 
     def listing(self, io: Deadline) -> list[str]:
         """The children of the lock path (waiting out connection losses until ``io``)."""
@@ -360,36 +372,68 @@ class ContenderQueue:
             except (NoNodeError, SessionExpiredError):
                 raise SessionGone() from None
 
-    def _wait_for_deletion(self, path: str, wait: Deadline, io: Deadline) -> None:
-        """Return when ``path`` is deleted or the connection state changes."""
+    def _wait_for_deletion(
+        self, path: str, wait: Deadline, io: Deadline, own: str | None = None
+    ) -> bool:
+        """Return when ``path`` is deleted or the connection state changes.
+
+        With ``own`` (our node), also watched, just after ``path``: True if ZooKeeper showed
+        ``path`` gone while ``own`` still existed, so the caller need not list the queue again.
+        Either the look at ``own`` came after ``path`` was gone, or the deletion was reported
+        while our watch on ``own`` was set and had not fired: ZooKeeper sends a session its
+        watch events in the order of the changes, and kazoo runs them in that order on one
+        thread, so a deletion of ours before it would have come first. Never after a
+        connection state change (kazoo does not set watches again on a new connection) or
+        another kind of event. False otherwise: then the caller lists the queue again.
+        """
         context, client = self.context, self.client
         event = client.handler.event_object()
-        fired = threading.Event()
+        fired, own_fired = threading.Event(), threading.Event()
+        deleted = False
 
-        def on_watch(_event: object) -> None:
+        def on_watch(watched: WatchedEvent) -> None:
+            nonlocal deleted
+            deleted = watched.type == EventType.DELETED
             fired.set()
             event.set()
 
-        with context.wakeup_on_state_change(event), self._watching(path, on_watch, fired):
+        def on_own_watch(_watched: WatchedEvent) -> None:
+            own_fired.set()
+
+        state_changes = context.state_changes
+        with (
+            context.wakeup_on_state_change(event),
+            self._watching(path, on_watch, fired),
+            # Removed when we stop waiting, as the other: left, it would fire at our release,
+            # one more event per handoff.
+            self._watching(own, on_own_watch, own_fired) if own is not None else nullcontext(),
+        ):
             try:
-                stat = wait_result(
-                    client.exists_async(path, watch=on_watch), io, f"watching {path}"
-                )
+                sent = client.exists_async(path, watch=on_watch)
+                own_sent = None if own is None else client.exists_async(own, watch=on_own_watch)
+                stat = wait_result(sent, io, f"watching {path}")
+                if own_sent is not None and wait_result(own_sent, io, f"watching {own}") is None:
+                    return False  # ours is gone: the listing tells
             except ConnectionLoss:
-                return
-            if stat is None:
-                return
-            while not event.wait(wait_slice(wait)):
-                if wait.expired():
-                    if client.state != KazooState.CONNECTED:
-                        raise ZooKeeperUnavailable(
-                            f"ZooKeeper unreachable while waiting for lock {self.path}"
-                        )
-                    raise LockTimeout(f"timed out waiting for lock {self.path}")
+                return False
+            if stat is not None:
+                while not event.wait(wait_slice(wait)):
+                    if wait.expired():
+                        if client.state != KazooState.CONNECTED:
+                            raise ZooKeeperUnavailable(
+                                f"ZooKeeper unreachable while waiting for lock {self.path}"
+                            )
+                        raise LockTimeout(f"timed out waiting for lock {self.path}")
+        return (
+            own is not None
+            and (stat is None or deleted)
+            and not own_fired.is_set()
+            and context.state_changes == state_changes
+        )
 
     @contextmanager
     def _watching(
-        self, path: str, callback: Callable[[object], None], fired: threading.Event
+        self, path: str, callback: Callable[[WatchedEvent], None], fired: threading.Event
     ) -> Iterator[None]:
         """Count our watch on ``path``; on exit remove it if it did not fire (client and server)."""
         context = self.context

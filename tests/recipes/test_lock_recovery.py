@@ -54,14 +54,22 @@ def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 
 def test_a_grant_seen_just_before_a_disconnect_is_kept(
-    zk_client: KazooClient, proxied: tuple[KazooClient, TcpProxy], lock_root: str
+    zk_client: KazooClient,
+    other_client: KazooClient,
+    proxied: tuple[KazooClient, TcpProxy],
+    lock_root: str,
 ) -> None:
     """4a. The listing that grants us the lock arrives, then the connection drops for a moment
     (same session): the waiter must keep its granted node, not abandon it at the queue's head
-    and wait behind itself. Before the fix: LockTimeout, with an orphan left at the head."""
+    and wait behind itself. Before the fix: LockTimeout, with an orphan left at the head.
+
+    A contender between the holder and the waiter makes the waiter list the queue when the node
+    it watches goes (the one next in line is granted on the deletion alone)."""
     client, proxy = proxied
     path = f"{lock_root}/k"
     holder = Mutex(zk_client, path).acquire(timeout=5)
+    between, _ = _in_thread(lambda: Mutex(other_client, path).acquire(timeout=8).release())
+    wait_for(lambda: len(children(zk_client, path)) == 2, 5, "the contender's node")
     original = client.get_children_async
     armed = threading.Event()
 
@@ -80,10 +88,12 @@ def test_a_grant_seen_just_before_a_disconnect_is_kept(
 
     client.get_children_async = listing_then_drop  # type: ignore[method-assign]
     thread, outcome = _in_thread(lambda: Mutex(client, path).acquire(timeout=8))
-    wait_for(lambda: len(children(zk_client, path)) == 2, 5, "the waiter's node")
+    wait_for(lambda: len(children(zk_client, path)) == 3, 5, "the waiter's node")
     armed.set()
     holder.release()
+    between.join(15)
     thread.join(15)
+    assert not armed.is_set(), "the waiter was not granted by a listing"
     assert "error" not in outcome, f"the waiter failed: {outcome.get('error')!r}"
     lease = outcome["value"]
     assert children(zk_client, path) == [lease.node.rsplit("/", 1)[1]]
