@@ -220,9 +220,12 @@ def _one_run(
     # (the lease clock's break watch, docs/operating.md): wait for it, so that every count
     # below knows it is there; it fires at the holder's release, before the waiters' turns.
     holder_break_watch = 0
+    # Our waiter next in line also watches its own node (it is granted on the holder's deletion
+    # alone); it removes that watch when granted, so it never fires: no notification.
+    next_in_line_watch = 0
     if recipe == "ours":
         held = Mutex(holder, path).acquire(timeout=60)
-        holder_break_watch = 1
+        holder_break_watch = next_in_line_watch = 1
         if not wait_for(lambda: watch_count(port) == baseline + 1, BREAK_WATCH_WAIT_S, 0.05):
             raise RuntimeError(
                 f"herd ours n={waiters}: the holder's break watch was not set within "
@@ -244,10 +247,8 @@ def _one_run(
             f"expected {waiters + 1}"
         )
     broadcast(workers, ("go",), STEP_TIMEOUT_S)
-    # The holder's own watch, if the recipe keeps one, fired when the waiters joined. Our
-    # waiter next in line also watches its own node (it is granted on the holder's deletion
-    # alone); it removes that watch when granted, so it never fires: no notification.
-    armed = baseline + waiters + holder_break_watch + (1 if recipe == "ours" else 0)
+    # The holder's own watch, if the recipe keeps one, fired when the waiters joined.
+    armed = baseline + waiters + holder_break_watch + next_in_line_watch
     if not wait_for(lambda: watch_count(port) == armed, STEP_TIMEOUT_S, 0.02):
         raise RuntimeError(
             f"herd {recipe} n={waiters}: {watch_count(port)} watches armed, expected {armed}"

@@ -332,11 +332,11 @@ class ContenderQueue:
         Raises LockTimeout when ``wait`` passes first (ZooKeeperUnavailable if the client is
         not connected then), SessionGone when our node or its session is gone.
         """
-        children = created.children
+        kind = self.lock_kind
+        queue = queue_of(created.children)
         while True:
             try:
-                kind = self.lock_kind
-                decision = decide(queue_of(children), created.name, kind.kind, kind.limit)
+                decision = decide(queue, created.name, kind.kind, kind.limit)
             except LookupError:
                 raise SessionGone() from None
             if decision.holds:
@@ -346,15 +346,15 @@ class ContenderQueue:
             if not blocking:
                 return False
             assert decision.watch is not None
-            rest = [child for child in children if child != decision.watch]
+            rest = [contender for contender in queue if contender.name != decision.watch]
             # The watched node the last one in our way: also watch ours, so that the deletion
             # alone can tell that we hold (see _wait_for_deletion), without a new listing.
-            last = decide(queue_of(rest), created.name, kind.kind, kind.limit).holds
+            last = decide(rest, created.name, kind.kind, kind.limit).holds
             own = f"{self.path}/{created.name}" if last else None
             if self._wait_for_deletion(f"{self.path}/{decision.watch}", wait, io, own):
-                children = rest
+                queue = rest
             else:
-                children = self.listing(io)
+                queue = queue_of(self.listing(io))
 
     def listing(self, io: Deadline) -> list[str]:
         """The children of the lock path (waiting out connection losses until ``io``)."""
@@ -416,14 +416,13 @@ class ContenderQueue:
                     return False  # ours is gone: the listing tells
             except ConnectionLoss:
                 return False
-            if stat is not None:
-                while not event.wait(wait_slice(wait)):
-                    if wait.expired():
-                        if client.state != KazooState.CONNECTED:
-                            raise ZooKeeperUnavailable(
-                                f"ZooKeeper unreachable while waiting for lock {self.path}"
-                            )
-                        raise LockTimeout(f"timed out waiting for lock {self.path}")
+            while stat is not None and not event.wait(wait_slice(wait)):
+                if wait.expired():
+                    if client.state != KazooState.CONNECTED:
+                        raise ZooKeeperUnavailable(
+                            f"ZooKeeper unreachable while waiting for lock {self.path}"
+                        )
+                    raise LockTimeout(f"timed out waiting for lock {self.path}")
         return (
             own is not None
             and (stat is None or deleted)
