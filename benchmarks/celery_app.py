@@ -229,7 +229,7 @@ def _reorder(signal: Any, receiver: Any, *, first: bool) -> None:
         others = [entry for entry in receivers if not _resolves_to(entry, receiver)]
         receivers[:] = ours + others if first else others + ours
         cache = getattr(signal, "sender_receivers_cache", None)
-        if hasattr(cache, "clear"):
+        if cache is not None and hasattr(cache, "clear"):
             cache.clear()
 
 

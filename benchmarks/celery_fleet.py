@@ -248,7 +248,7 @@ def _batch(bench: Bench, contender: Contender, tag: str, count: int) -> dict[str
     started = time.monotonic()
     _control(bench, "add_consumer", queue)
     deadline = started + 60.0 + count * 0.2
-    while int(bench.redis.llen(spans_key)) < count:  # type: ignore[arg-type]
+    while int(bench.redis.llen(spans_key)) < count:
         if time.monotonic() > deadline:
             raise BatchFailed(
                 f"{contender.label}: {bench.redis.llen(spans_key)} of {count} tasks ran within "
@@ -261,7 +261,7 @@ def _batch(bench: Bench, contender: Contender, tag: str, count: int) -> dict[str
     _control(bench, "cancel_consumer", queue)
     raw = bench.redis.lrange(spans_key, 0, -1)
     bench.redis.delete(spans_key, f"_kombu.binding.{queue}")
-    spans = [json.loads(item) for item in raw]  # type: ignore[union-attr]
+    spans = [json.loads(item) for item in raw]
     values = ResultSet(results, app=bench.app).join_native(timeout=120, propagate=False)
     failures = [v for v in values if isinstance(v, BaseException)]
     if failures:
@@ -458,7 +458,7 @@ def _summarise(tally: Tally, repeats: int) -> dict[str, dict[str, Any]]:
         results[contender.label] = entry
     for contender in CONTENDERS:
         entry = results[contender.label]
-        runs = complete.get(contender.label)
+        ours = complete.get(contender.label)
         base = complete.get(contender.baseline) if contender.baseline else None
         for name, figure, combine in (
             ("vs_baseline", "tasks_per_s", _ratio),
@@ -467,8 +467,8 @@ def _summarise(tally: Tally, repeats: int) -> dict[str, dict[str, Any]]:
             ("span_p99_added_ms", "span_p99_ms", _difference),
         ):
             entry[name] = (
-                paired([r[figure] for r in runs], [r[figure] for r in base], combine)
-                if runs is not None and base is not None
+                paired([r[figure] for r in ours], [r[figure] for r in base], combine)
+                if ours is not None and base is not None
                 else None
             )
     return results
