@@ -189,6 +189,10 @@ class _MainThreadSignal(Interruption):
     _stood_down: set[int] = set()
     _previous: Any = None
     _signum: int | None = None
+    # Held by the lease clock's thread from its look at _armed through its kill, and by the
+    # main thread to put the previous handler back: a signal sent after that would meet the
+    # previous handler (in a pool process the default one, which ends the process).
+    _kill_lock = threading.Lock()
 
     def __init__(self) -> None:
         signum = int(interrupt_signal())
@@ -215,9 +219,12 @@ class _MainThreadSignal(Interruption):
 
     def _interrupt(self, reason: str) -> None:
         cls = _MainThreadSignal
-        if self.token in cls._armed and self.token not in cls._stood_down and cls._signum:
-            cls._pending[self.token] = reason
-            os.kill(os.getpid(), cls._signum)
+        with cls._kill_lock:
+            if self.token in cls._armed and self.token not in cls._stood_down and cls._signum:
+                cls._pending[self.token] = reason
+                # Delivered to this thread before kill returns (POSIX, a signal a process sends
+                # itself), so our handler gets it; it raises only for a run still armed.
+                os.kill(os.getpid(), cls._signum)
 
     def _stand_down(self) -> None:
         cls = _MainThreadSignal
@@ -244,8 +251,9 @@ class _MainThreadSignal(Interruption):
         else:
             return
         if not armed and cls._signum is not None:
-            _set_handler(cls._signum, cls._previous)
-            cls._previous = cls._signum = None
+            with cls._kill_lock:
+                _set_handler(cls._signum, cls._previous)
+                cls._previous = cls._signum = None
 
 
 @dataclass
