@@ -33,6 +33,7 @@ mid-run leaves the state ``STARTED`` (or ``PENDING``): the same bound.
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 import time
 import weakref
@@ -63,6 +64,8 @@ Dedupe = Literal["queued", "running"]
 MARKER_SUFFIX: Final = "~dedupe"
 CALL_TIMEOUT: Final = 10.0
 CLAIM_ROUNDS: Final = 5
+
+logger = logging.getLogger("celery_zklock")
 
 
 class AlreadyQueued(ZkLockError):
@@ -99,14 +102,37 @@ class Marker:
 
 
 def enqueue_once(
-    task: Any, options: Any, lock_path: str, task_id: str, send: Callable[[], Any]
+    task: Any,
+    options: Any,
+    lock_path: str,
+    task_id: str,
+    send: Callable[[], Any],
+    resend: bool = False,
 ) -> Any:
     """Send ``task``'s call (``send()``, which sends it as ``task_id``) unless an earlier
     message of ``lock_path``'s key still counts; then that message's ``AsyncResult``, or
     ``AlreadyQueued`` with ``options.dedupe_raise``. The marker is removed again if the send
-    fails, so a failed call leaves nothing behind."""
+    fails, so a failed call leaves nothing behind.
+
+    ``resend``: the message is ``task_id``'s own sent again (its ``retry``, or Celery's re-send
+    after a lost worker): it is always sent, as dropping it would leave the task waiting for
+    a run that never comes; it claims the marker when that is free or its own, and leaves
+    another call's marker alone (a ``queued`` run gave its marker up when it started)."""
     client = get_client(settings_of(task.app).client)
-    owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task))
+    state = _state_of(task)
+    if resend:
+        try:
+            owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, state)
+        except STOPPING:
+            raise
+        except Exception:  # ZooKeeper failed: the marker is only an optimisation, the retry not
+            logger.warning("zklock: could not claim %s for the re-send of task %s",
+                           marker_path(lock_path), task_id, exc_info=True)  # fmt: skip
+            return send()
+        if owner is not None:
+            return send()
+    else:
+        owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, state)
     if owner is not None:
         if options.dedupe_raise:
             raise AlreadyQueued(

@@ -204,17 +204,22 @@ def _json(value: Any) -> str:
     return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
 
 
+class DuplicateDelivery(Ignore):  # type: ignore[misc]
+    """The run is a copy of a delivery whose original still runs or already finished: Celery
+    ignores it (no state is written). The lock's dedupe marker is the original's to remove."""
+
+
 def await_original(
     task: Any, client: KazooClient, side: Any, path: str, original: Contender, event: Event
 ) -> bool:
     """The running ``task`` is a copy of ``original``'s delivery: True once it may run (its
-    original died), else raise ``Ignore`` (see the module docstring)."""
+    original died), else raise :class:`DuplicateDelivery` (see the module docstring)."""
     task_id = task.request.id
     grace = dead_holder_bound(side)
     event("same-delivery-waits", path, holder=task_id, node=original.name, grace=grace)
     if not wait_gone(client, f"{path}/{original.name}", grace):
         event("duplicate-ignored", path, holder=task_id)
-        raise Ignore(
+        raise DuplicateDelivery(
             f"another delivery of task {task_id} still runs or waits under lock {path}: "
             "duplicate delivery ignored"
         )
@@ -223,11 +228,12 @@ def await_original(
 
 
 def ignore_if_finished(task: Any, path: str, event: Event) -> None:
-    """Raise ``Ignore`` if the task's result becomes final within the settle time."""
+    """Raise :class:`DuplicateDelivery` if the task's result becomes final within the settle
+    time."""
     task_id = task.request.id
     if finished_already(task, task_id):
         event("duplicate-ignored", path, holder=task_id, finished=True)
-        raise Ignore(f"task {task_id} already finished: duplicate delivery ignored")
+        raise DuplicateDelivery(f"task {task_id} already finished: duplicate delivery ignored")
 
 
 def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECONDS) -> bool:

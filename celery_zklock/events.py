@@ -24,7 +24,7 @@ SIGNALS: Final[dict[str, Signal]] = {
     "released": signals.lock_released,
     "timeout": signals.lock_timeout,
 }
-_WARNINGS: Final = frozenset({"lost", "duplicate-ignored"})
+_WARNINGS: Final = frozenset({"lost", "duplicate-ignored", "marker-left"})
 
 
 def emit(task: Any, event: str, path: str, *, task_id: Any, **fields: Any) -> None:

@@ -122,16 +122,35 @@ class LockedRun:
         client = self._client()
         dedupe = self.options.dedupe
         if dedupe == "queued":
-            release_marker(client, self.path, self.task_id)
-        retrying = False
+            self._remove_marker(client, starting=True)
+        keep_marker = False
         try:
             return self._run(client, body)
         except Retry:
-            retrying = True
+            keep_marker = True  # the retry's message carries this task id: the marker stays its
+            raise
+        except delivery.DuplicateDelivery:
+            keep_marker = True  # the marker names this task id, but the original's run owns it
             raise
         finally:
-            if dedupe == "running" and not retrying:
-                release_marker(client, self.path, self.task_id)
+            if dedupe == "running" and not keep_marker:
+                self._remove_marker(client, starting=False)
+
+    def _remove_marker(self, client: KazooClient, starting: bool) -> None:
+        """Remove the call's dedupe marker. ZooKeeper failing: before the body (``queued``) the
+        ``unavailable`` retry, as for the acquire; after it (``running``) a warning event only,
+        as the run's outcome stands and the marker stops counting once its state is final (see
+        :mod:`celery_zklock.dedupe`)."""
+        try:
+            release_marker(client, self.path, self.task_id)
+        except (ZooKeeperUnavailable, KazooException) as exc:
+            if starting:
+                self._unavailable(
+                    f"ZooKeeper failed while removing the dedupe marker of lock {self.path}: "
+                    f"{exc!r}",
+                    exc,
+                )
+            self._log("marker-left", self.path, error=repr(exc))
 
     def _side(self, client: KazooClient) -> Mutex:
         if self.options.mode == "semaphore":

@@ -124,6 +124,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Celery's ``apply_async``, plus ``zklock={...}``: validated here, in the caller, and
         carried in the message headers; with ``lock_dedupe``, sent only if no earlier message
         of the key counts (else that message's ``AsyncResult``)."""
+        resend = options.pop(_RESEND, False)
         call = self._carry_call_options(options)
         if call.dedupe is None:
             return super().apply_async(args, kwargs, *rest, **options)
@@ -132,10 +133,11 @@ class ZkLockTask(Task):  # type: ignore[misc]
         send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
         root = settings_of(self.app).root
         path = call_path(root, self._zklock_compile(), call, args or (), kwargs or {})
-        return enqueue_once(self, call, path, task_id, send)
+        return enqueue_once(self, call, path, task_id, send, resend=resend)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
         """Celery's ``apply`` (run here, now), with the same ``zklock={...}`` option."""
+        options.pop(_RESEND, None)  # an eager retry runs its signature with apply
         self._carry_call_options(options)
         return super().apply(args, kwargs, *rest, **options)
 
@@ -150,9 +152,12 @@ class ZkLockTask(Task):  # type: ignore[misc]
     def signature_from_request(
         self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
-        """Celery's ``signature_from_request`` (used by ``self.retry()``), keeping ``zklock``:
-        in a worker the message's custom headers become request attributes, not headers."""
+        """Celery's ``signature_from_request`` (used by ``self.retry()`` and by the re-send
+        after a lost worker), keeping ``zklock``: in a worker the message's custom headers
+        become request attributes, not headers. Its ``apply_async`` is a re-send of the
+        request's own message, which ``lock_dedupe`` never drops."""
         signature = super().signature_from_request(request, args, kwargs, **options)
+        signature.options[_RESEND] = True
         overrides = request_overrides(self.request if request is None else request)
         if overrides is not None:
             headers = signature.options.get("headers") or {}
@@ -250,6 +255,9 @@ def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery-zklock: {exc}") from None
 
 
+#: The ``apply_async`` option marking a re-send of the request's own message (see
+#: ``signature_from_request``); taken out before Celery sees the options.
+_RESEND: Final = "_zklock_resend"
 #: The task request's attribute holding a run whose first request went out at task_prerun.
 _RUN_AHEAD: Final = "_zklock_run_ahead"
 
