@@ -334,7 +334,7 @@ def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     """
     from celery_zklock.run import call_path  # run imports the task layer this module serves
 
-    spec = task._zklock_compile()
+    spec = task._zklock_compile(task.name)
     return call_path(settings_of(task.app).root, spec, spec.options, args, kwargs)
 
 

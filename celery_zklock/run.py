@@ -85,22 +85,28 @@ class LockedRun:
         self.lost_told_event: threading.Event | None = None
         self.side: Mutex | None = None  # made by send_ahead, with the client it used
         self.side_client: KazooClient | None = None
+        self.stopped: BaseException | None = None  # what stopped send_ahead, for run to raise
 
     def send_ahead(self) -> bool:
         """Send the create of this run's contender node now, without waiting (see step 0 of
         the module docstring); whether it went. Never raises: whatever stops it here (no
-        connection yet, a setting to fix) is met again, and reported, by :meth:`run`."""
+        connection yet, a setting to fix) is met again, and reported, by :meth:`run`; the task's
+        soft time limit or loss of its lock, landing here, is raised by :meth:`run` (Celery's
+        signal dispatch would swallow it)."""
         options = self.options
         if not self.in_worker or options.mode == "semaphore" or options.dedupe is not None:
             return False
         try:
             client = get_client(self.settings.client)
-            side = self._side(client)
-            sent = side._send_ahead(delivery.identity(self.task, self.request))
+            # recorded before the send, so that whatever cuts it short still finds its node
+            side = self.side = self._side(client)
+            self.side_client = client
+            return side._send_ahead(delivery.identity(self.task, self.request))
+        except STOPPING as exc:
+            self.stopped = exc
+            return False
         except Exception:
             return False
-        self.side, self.side_client = side, client
-        return sent
 
     def drop_sent_ahead(self) -> None:
         """Remove the node :meth:`send_ahead` created if the acquire never took it up."""
@@ -114,6 +120,8 @@ class LockedRun:
         any way but a retry (``running``): see :mod:`celery_zklock.dedupe`. A create sent ahead
         that the acquire did not take up (the run ended before it) is removed on the way out."""
         try:
+            if self.stopped is not None:
+                raise self.stopped
             return self._run_marked(body)
         finally:
             self.drop_sent_ahead()

@@ -97,16 +97,33 @@ class ZkLockTask(Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._zklock_spec = None
-        # A class with a body and a name is a task definition: fail now on bad options.
-        if getattr(cls, "name", None) and inspect.getattr_static(cls, "run") is not Task.run:
-            cls._zklock_compile()
+        # A class with a body is a task definition: fail now on bad options. Without a name
+        # it gets one when registered (app.register_task names the instance): check it now
+        # under the name Celery will give it, compile it then.
+        if inspect.getattr_static(cls, "run") is not Task.run:
+            if getattr(cls, "name", None):
+                cls._zklock_compile()
+            else:
+                cls._zklock_build(f"{cls.__module__}.{cls.__name__}")
 
     @classmethod
-    def _zklock_compile(cls) -> TaskLockSpec:
-        """The task's lock options and key function, checked and built once."""
-        if cls._zklock_spec is not None:
-            return cls._zklock_spec
-        name = str(cls.name)
+    def _zklock_compile(cls, name: str | None = None) -> TaskLockSpec:
+        """The lock options and key function of the task named ``name`` (the task's
+        ``self.name``; the class's name when None), checked and built once."""
+        name = name or cls.name
+        spec = cls._zklock_spec
+        if spec is not None and spec.task_name == name:
+            return spec
+        if not name:
+            raise ConfigurationError(
+                f"{cls.__qualname__} has no task name: register an instance "
+                "(app.register_task) or set its name before it is used"
+            )
+        spec = cls._zklock_spec = cls._zklock_build(name)
+        return spec
+
+    @classmethod
+    def _zklock_build(cls, name: str) -> TaskLockSpec:
         attrs = {attr: getattr(cls, attr) for attr in TASK_ATTRIBUTES}
         # Misspelt options (lock_on_bussy=...) land as class attributes: report them.
         attrs.update(
@@ -116,8 +133,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         )
         options = options_from_task(name, attrs)
         keys = KeyBuilder.for_callable(name, _signature_of_run(cls), options.key)
-        cls._zklock_spec = TaskLockSpec(name, options, keys)
-        return cls._zklock_spec
+        return TaskLockSpec(name, options, keys)
 
     # -- sending -------------------------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -132,7 +148,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         task_id = options.pop("task_id", None) or uuid()
         send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
         root = settings_of(self.app).root
-        path = call_path(root, self._zklock_compile(), call, args or (), kwargs or {})
+        path = call_path(root, self._zklock_compile(self.name), call, args or (), kwargs or {})
         return enqueue_once(self, call, path, task_id, send, resend=resend)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -144,8 +160,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
     def _carry_call_options(self, options: dict[str, Any]) -> LockOptions:
         overrides = options.pop(CALL_OPTION, None)
         if overrides is None:
-            return self._zklock_compile().options
-        call = with_call_overrides(self._zklock_compile().options, self.name, overrides)
+            return self._zklock_compile(self.name).options
+        call = with_call_overrides(self._zklock_compile(self.name).options, self.name, overrides)
         options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
         return call
 
@@ -174,13 +190,20 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return lease
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        run = _take_run_ahead(self.request)  # made at task_prerun for this call
-        if run is not None and run.call != (args, kwargs):  # a subclass changed the arguments
-            run.drop_sent_ahead()
-            run = None
-        if run is None:
-            run = LockedRun(self, self._zklock_compile(), args, kwargs)
-        return run.run(functools.partial(super().__call__, *args, **kwargs))
+        request = self.request
+        ahead: LockedRun | None = getattr(request, _RUN_AHEAD, None)  # made at task_prerun
+        try:  # from here its node is removed on the way out; before, task_postrun removes it
+            if ahead is not None:
+                setattr(request, _RUN_AHEAD, None)  # a call nested in the body makes its own
+                if ahead.call != (args, kwargs):  # a subclass changed the arguments
+                    ahead.drop_sent_ahead()
+            run = ahead
+            if run is None or run.call != (args, kwargs):
+                run = LockedRun(self, self._zklock_compile(self.name), args, kwargs)
+            return run.run(functools.partial(super().__call__, *args, **kwargs))
+        finally:
+            if ahead is not None:
+                ahead.drop_sent_ahead()  # a no-op once its acquire took the node up
 
     # -- operating -----------------------------------------------------------------------
     def lock_path(self, *args: Any, **kwargs: Any) -> str:
@@ -211,11 +234,13 @@ def _send_lock_request_ahead(
     if not isinstance(sender, ZkLockTask):
         return
     try:
-        run = LockedRun(sender, sender._zklock_compile(), tuple(args or ()), dict(kwargs or {}))
+        run = LockedRun(
+            sender, sender._zklock_compile(sender.name), tuple(args or ()), dict(kwargs or {})
+        )
     except Exception:
         return
+    setattr(sender.request, _RUN_AHEAD, run)  # first: a run stopped while sending is dropped
     run.send_ahead()
-    setattr(sender.request, _RUN_AHEAD, run)
 
 
 def _drop_lock_request_sent_ahead(sender: Any = None, **_: Any) -> None:

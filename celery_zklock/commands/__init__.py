@@ -111,7 +111,7 @@ def _lock_name(app: Any, name: str) -> str:
     """A task's lock name (its ``lock_name``, default the task name); other names as given."""
     task = app.tasks.get(name)
     if isinstance(task, ZkLockTask):
-        return type(task)._zklock_compile().options.name
+        return type(task)._zklock_compile(task.name).options.name
     if "/" in name:
         raise click.BadParameter(f"{name!r}: a lock name is one znode path segment")
     return name

@@ -46,6 +46,10 @@ class Mutex:
         self._context: ClientContext = context_for(client)
         self._queue = ContenderQueue(self._context, path, kind)
         self._sent: SentCreate | None = None
+        # The attempt's uuid prefix, set before a create goes ahead and cleared when it is taken
+        # up or dropped: a create whose SentCreate was never recorded (an exception thrown into
+        # the thread just after the send) is still found by it.
+        self._sent_prefix: str | None = None
 
     @property
     def path(self) -> str:
@@ -110,10 +114,14 @@ class Mutex:
         behind (if ZooKeeper is unreachable at that moment, the node is removed in the
         background, or goes with its session).
         """
-        sent, self._sent = self._sent, None  # a create sent ahead: this call finishes or removes it
+        # a create sent ahead: this call finishes it or removes it
+        sent, prefix = self._sent, self._sent_prefix
         context = self._context
         try:
             try:  # until _acquire_node takes it up, an error here removes the create's node
+                self._sent = self._sent_prefix = None
+                if sent is None and prefix is not None:  # its send was cut short: look for it
+                    self._queue.abandon(prefix)
                 if timeout is not None and timeout < 0:
                     raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
                 context.check_usable()
@@ -151,19 +159,24 @@ class Mutex:
         ends another way (reentered, refused, failed), removes the node; so does
         :meth:`_drop_sent_ahead`. For the task layer, which sends it when Celery announces the
         run, so that its round trip overlaps Celery's own work before the call."""
-        if self._sent is not None:
-            return True
+        if self._sent_prefix is not None:
+            return self._sent is not None
         try:
             self._context.check_usable()
         except ZkLockError:
             return False
-        self._sent = self._queue.send_create(protected_prefix(str(uuid4())), data)
-        return self._sent is not None
+        self._sent_prefix = prefix = protected_prefix(str(uuid4()))
+        self._sent = self._queue.send_create(prefix, data)
+        if self._sent is None:  # not connected: nothing went
+            self._sent_prefix = None
+            return False
+        return True
 
     def _drop_sent_ahead(self) -> None:
         """Remove the node of a create :meth:`_send_ahead` sent that no acquire took up."""
-        sent, self._sent = self._sent, None
-        self._abandon(sent)
+        prefix, self._sent_prefix, self._sent = self._sent_prefix, None, None
+        if prefix is not None:
+            self._queue.abandon(prefix)
 
     def _abandon(self, sent: SentCreate | None) -> None:
         if sent is not None:

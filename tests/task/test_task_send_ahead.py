@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.trace import build_tracer
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import task_prerun
 from celery.states import FAILURE, STARTED
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask
 from celery_zklock import run as run_module
+from celery_zklock.locks.queue import ContenderQueue
 from tests.lockutil import wait_for
 
 
@@ -154,4 +156,87 @@ def test_a_run_that_ends_before_its_acquire_removes_the_node_sent_ahead(
     assert calls == []
     assert len(asked) == 2
     assert out.info is not None  # the unavailable verdict: a retry (or its failure here)
+    assert _contenders_under(zk_client, lock_root) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "runs"), [("after the send ahead", True), ("inside the send, once it went", False)]
+)
+def test_a_stop_landing_while_the_create_goes_ahead_leaves_no_node(
+    app: Celery,
+    zk_client: KazooClient,
+    lock_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    runs: bool,
+) -> None:
+    """An exception thrown into the thread (billiard's soft time limit) just after the create
+    went, before the run recorded it. Landing after the send ahead, it is swallowed by Celery's
+    signal dispatch, which then calls the task: the run finds its node by the attempt's uuid
+    instead of taking it for another delivery of the same task still alive (which ignored the
+    task and left the node for as long as the process lived). Landing inside the send, the run
+    raises it when the call starts: the task fails at its limit. Either way no node is left."""
+    ran: list[int] = []
+
+    @app.task(base=ZkLockTask, lock_key=["n"], lock_on_busy="skip", lazy=False, shared=False)
+    def body(n: int) -> str:
+        ran.append(n)
+        return "ran"
+
+    if where == "after the send ahead":
+        real_send_ahead = run_module.LockedRun.send_ahead
+
+        def send_ahead(run: Any) -> bool:
+            real_send_ahead(run)
+            raise SoftTimeLimitExceeded()
+
+        monkeypatch.setattr(run_module.LockedRun, "send_ahead", send_ahead)
+    else:
+        real_send_create = ContenderQueue.send_create
+
+        def send_create(queue: Any, *args: Any, **kwargs: Any) -> Any:
+            real_send_create(queue, *args, **kwargs)
+            raise SoftTimeLimitExceeded()
+
+        monkeypatch.setattr(ContenderQueue, "send_create", send_create)
+    _make_parent(zk_client, body.lock_path(1))
+    first = _trace(body, 1)
+    monkeypatch.undo()
+    assert _contenders_under(zk_client, lock_root) == []
+    if runs:
+        assert first.retval == "ran", first
+    else:
+        assert first.info is not None and first.info.state == FAILURE, first
+        assert isinstance(first.retval.exception, SoftTimeLimitExceeded)
+    assert _trace(body, 1).retval == "ran"  # the key is free
+    assert ran == [1, 1] if runs else ran == [1]
+
+
+def test_a_soft_time_limit_landing_while_prerun_connects_fails_the_task(
+    app: Celery, zk_client: KazooClient, lock_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first locked task of a pool process connects at task_prerun: its soft time limit
+    landing then is raised when the call starts (Celery's signal dispatch swallows it), as when
+    it lands while the call connects."""
+    ran: list[int] = []
+
+    @app.task(base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
+    def body(n: int) -> str:
+        ran.append(n)
+        return "ran past its soft time limit"
+
+    real_get_client = run_module.get_client
+    asked: list[int] = []
+
+    def connecting(config: Any) -> Any:
+        asked.append(1)
+        if len(asked) == 1:  # billiard's handler raises while prerun connects
+            raise SoftTimeLimitExceeded()
+        return real_get_client(config)
+
+    monkeypatch.setattr(run_module, "get_client", connecting)
+    out = _trace(body, 2)
+    assert ran == []
+    assert out.info is not None and out.info.state == FAILURE, out
+    assert isinstance(out.retval.exception, SoftTimeLimitExceeded)
     assert _contenders_under(zk_client, lock_root) == []
