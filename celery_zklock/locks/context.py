@@ -536,45 +536,65 @@ class ClientContext:
         self.handler.spawn(self._run_purges)
 
     def _run_purges(self) -> None:
-        backoff = 0.05
-        try:
-            while True:
-                client = self._client_ref()
+        """The purge thread: purge until nothing is pending or the client is not connected,
+        and never leave a purge behind that a caller counted on us for."""
+        while True:
+            try:
+                self._purge_pending()
+            finally:
                 with self.lock:
-                    pending = list(self._pending_purges)
-                if client is None or not pending or adapter.is_closed(client):
-                    return
-                if client.state != KazooState.CONNECTED:
-                    return  # the CONNECTED listener starts us again
-                failed = False
-                timeout = self.timing.idle_gap
-                for parent, prefix in pending:
-                    what = f"removing orphans under {parent}"
-                    try:
-                        listing = client.get_children_async(parent)
-                        for child in wait_result(listing, Deadline(timeout), what):
-                            if child.startswith(prefix):
-                                node = f"{parent}/{child}"
-                                try:
-                                    wait_result(client.delete_async(node), Deadline(timeout), what)
-                                    logger.info("removed orphaned contender %s", node)
-                                except NoNodeError:
-                                    pass
-                    except NoNodeError:
-                        pass  # the parent (and so our node) is gone already
-                    except Exception as exc:  # a timeout or connection loss: retry below
-                        logger.debug("purge of %s/%s* failed: %r", parent, prefix, exc)
-                        failed = True
-                        continue
-                    with self.lock:
-                        self._pending_purges.discard((parent, prefix))
-                del client
-                if failed:
-                    self.handler.sleep_func(backoff)
-                    backoff = min(backoff * 2, self.timing.idle_gap)
-        finally:
+                    self._purging = False
+            # A purge_later, or the CONNECTED listener, that came while we were on our way out
+            # saw _purging still set and left its work to us: look again now that it is clear.
+            client = self._client_ref()
             with self.lock:
-                self._purging = False
+                if (
+                    self._purging
+                    or not self._pending_purges
+                    or client is None
+                    or adapter.is_closed(client)
+                    or client.state != KazooState.CONNECTED
+                ):
+                    return
+                self._purging = True
+            del client
+
+    def _purge_pending(self) -> None:
+        backoff = 0.05
+        while True:
+            client = self._client_ref()
+            with self.lock:
+                pending = list(self._pending_purges)
+            if client is None or not pending or adapter.is_closed(client):
+                return
+            if client.state != KazooState.CONNECTED:
+                return  # the CONNECTED listener starts us again
+            failed = False
+            timeout = self.timing.idle_gap
+            for parent, prefix in pending:
+                what = f"removing orphans under {parent}"
+                try:
+                    listing = client.get_children_async(parent)
+                    for child in wait_result(listing, Deadline(timeout), what):
+                        if child.startswith(prefix):
+                            node = f"{parent}/{child}"
+                            try:
+                                wait_result(client.delete_async(node), Deadline(timeout), what)
+                                logger.info("removed orphaned contender %s", node)
+                            except NoNodeError:
+                                pass
+                except NoNodeError:
+                    pass  # the parent (and so our node) is gone already
+                except Exception as exc:  # a timeout or connection loss: retry below
+                    logger.debug("purge of %s/%s* failed: %r", parent, prefix, exc)
+                    failed = True
+                    continue
+                with self.lock:
+                    self._pending_purges.discard((parent, prefix))
+            del client
+            if failed:
+                self.handler.sleep_func(backoff)
+                backoff = min(backoff * 2, self.timing.idle_gap)
 
 
 _contexts: weakref.WeakKeyDictionary[KazooClient, ClientContext] = weakref.WeakKeyDictionary()
