@@ -32,6 +32,10 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
 - **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
   ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
+- **Whether kazoo's connection loop gave up** (``ConnectionHandler.connection_stopped`` and
+  ``_connection_routine``): when its ``connection_retry`` policy runs out, or authentication fails
+  on a reconnect, the loop ends without ``_stopped`` being set; the state stays LOST and the
+  client never connects again unless it is restarted.
 
 :data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/unit/test_lease_clock.py`` checks
 that the installed kazoo still has them, so an upgrade that removes one fails loudly in the tests.
@@ -85,6 +89,8 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("KazooClient", "_queue"),
     ("KazooClient", "_pending"),
     ("KazooClient", "_session_callback"),
+    ("ConnectionHandler", "connection_stopped"),
+    ("ConnectionHandler", "_connection_routine"),
 )
 
 #: ZooKeeper's CreateMode.CONTAINER flag.
@@ -175,6 +181,22 @@ def force_reconnect(client: KazooClient) -> bool:
 def is_closed(client: KazooClient) -> bool:
     """True if ``client`` cannot send at all: never started, stopped or closed."""
     return bool(client._stopped.is_set())
+
+
+def connection_gave_up(client: KazooClient) -> bool:
+    """True if the connection loop of a started ``client`` ended by itself (its
+    ``connection_retry`` policy ran out, or authentication failed on a reconnect): it will not
+    connect again unless it is restarted. False while it runs or is being started."""
+    connection = client._connection
+    if not connection.connection_stopped.is_set():
+        return False
+    # The event is also set between start() and the first step of a new loop: the loop's
+    # routine (a thread or greenlet) tells a loop that ended from one that has not begun.
+    routine = connection._connection_routine
+    if routine is None:
+        return False
+    is_alive = getattr(routine, "is_alive", None)  # threads; gevent's greenlets have ready()
+    return not (is_alive() if is_alive is not None else not routine.ready())
 
 
 def discard_data_watcher(client: KazooClient, path: str, callback: Any) -> None:

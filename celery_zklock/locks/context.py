@@ -151,11 +151,21 @@ class ClientContext:
         return _timing(self.session_timeout)
 
     def check_usable(self) -> None:
-        """Raise :class:`ZooKeeperUnavailable` at once for a client that cannot send at all."""
-        if adapter.is_closed(self.client):
+        """Raise :class:`ZooKeeperUnavailable` at once for a client that cannot send at all:
+        not started, stopped or closed, or whose connection loop gave up for good."""
+        client = self.client
+        if adapter.is_closed(client):
             raise ZooKeeperUnavailable(
                 "the kazoo client is not started, or was stopped or closed: call "
                 "client.start() before using a lock (and do not use it after client.stop())"
+            )
+        if adapter.connection_gave_up(client):
+            raise ZooKeeperUnavailable(
+                "the kazoo client gave up connecting to ZooKeeper (its connection_retry policy "
+                "ran out, or authentication failed on a reconnect) and will not reconnect by "
+                "itself: call client.start() to connect again (not client.restart(): the "
+                "close its stop() queues would end the new session), or give the client "
+                "connection_retry={'max_tries': -1} to keep retrying"
             )
 
     def ensure_timeout_known(self, deadline: Deadline) -> None:
@@ -191,7 +201,9 @@ class ClientContext:
         self.timing.check()
 
     def await_connected(self, deadline: Deadline, what: str) -> None:
-        """Wait until the client is connected; ZooKeeperUnavailable at ``deadline``.
+        """Wait until the client is connected; ZooKeeperUnavailable at ``deadline``, or within
+        a :data:`WAIT_SLICE` of the client becoming unusable (see :meth:`check_usable`), which
+        no state change need announce.
 
         Retrying a request at once after ConnectionLoss or SessionExpired would spin: while the
         session is expired kazoo fails requests without waiting, and under gevent a greenlet
