@@ -385,6 +385,10 @@ class ContenderQueue:
         thread, so a deletion of ours before it would have come first. Never after a
         connection state change (kazoo does not set watches again on a new connection) or
         another kind of event. False otherwise: then the caller lists the queue again.
+
+        Raises SessionGone when the session ended before the watch was set (as :meth:`listing`
+        does), ZooKeeperUnavailable when an answer does not come by ``io``, and LockTimeout (or
+        ZooKeeperUnavailable, if the client is not connected then) when ``wait`` passes.
         """
         context, client = self.context, self.client
         event = client.handler.event_object()
@@ -416,6 +420,10 @@ class ContenderQueue:
                     return False  # ours is gone: the listing tells
             except ConnectionLoss:
                 return False
+            except ConnectionClosedError:
+                raise
+            except SessionExpiredError:
+                raise SessionGone() from None  # as in listing: our node went with the session
             while stat is not None and not event.wait(wait_slice(wait)):
                 if wait.expired():
                     if client.state != KazooState.CONNECTED:
