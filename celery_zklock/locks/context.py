@@ -526,8 +526,9 @@ class ClientContext:
 
     # -- orphans --------------------------------------------------------------------------
     def purge_later(self, parent: str, prefix: str) -> None:
-        """Delete the children of ``parent`` whose name starts with ``prefix``, in the
-        background: now if connected (retrying with backoff), else after the reconnect.
+        """Delete the children of ``parent`` whose name starts with ``prefix`` (listed after a
+        ``sync``, see :func:`synced_children`), in the background: now if connected (retrying
+        with backoff), else after the reconnect.
 
         Used when an acquire gave up while the outcome of its create was unknown: with
         Curator's protected names the prefix (``_c_<uuid>-``) names that one attempt's nodes.
@@ -586,8 +587,7 @@ class ClientContext:
             for parent, prefix in pending:
                 what = f"removing orphans under {parent}"
                 try:
-                    listing = client.get_children_async(parent)
-                    for child in wait_result(listing, Deadline(timeout), what):
+                    for child in synced_children(client, parent, Deadline(timeout), what):
                         if child.startswith(prefix):
                             node = f"{parent}/{child}"
                             try:
@@ -640,3 +640,14 @@ def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
             raise ZooKeeperUnavailable(f"ZooKeeper did not answer in time while {what}")
         result.wait(wait_slice(deadline))
     return result.get()
+
+
+def synced_children(client: Any, path: str, io: Deadline, what: str) -> list[str]:
+    """The children of ``path`` as the leader had them when we asked: a ``sync`` and the listing
+    back to back (the server answers a session's requests in order, so it costs no round trip).
+    Raises what either request failed with (ZooKeeperUnavailable past ``io``)."""
+    synced = client.sync_async(path)
+    listing = client.get_children_async(path)
+    wait_result(synced, io, what)
+    children: list[str] = wait_result(listing, io, what)
+    return children

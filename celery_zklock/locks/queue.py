@@ -70,7 +70,13 @@ from celery_zklock.locks.contenders import (
     parse_child,
     queue_of,
 )
-from celery_zklock.locks.context import ClientContext, Deadline, wait_result, wait_slice
+from celery_zklock.locks.context import (
+    ClientContext,
+    Deadline,
+    synced_children,
+    wait_result,
+    wait_slice,
+)
 
 
 @dataclass
@@ -488,13 +494,15 @@ class ContenderQueue:
             return
 
     def abandon(self, prefix: str) -> None:
-        """Remove the node(s) of an abandoned attempt, found by its uuid prefix. When ZooKeeper
-        fails on the way the removal goes on in the background; anything else that lands here
-        (the caller's time limit, say) schedules that too and is raised."""
+        """Remove the node(s) of an abandoned attempt, found by its uuid prefix in a listing
+        after a ``sync`` (as :meth:`_find_ours` looks: a lagging follower must not hide a node
+        whose create went through on the leader). When ZooKeeper fails on the way the removal
+        goes on in the background; anything else that lands here (the caller's time limit,
+        say) schedules that too and is raised."""
         io = Deadline(self.context.timing.idle_gap)
         what = f"removing an abandoned contender under {self.path}"
         try:
-            for child in wait_result(self.client.get_children_async(self.path), io, what):
+            for child in synced_children(self.client, self.path, io, what):
                 if child.startswith(prefix):
                     with suppress(NoNodeError):
                         wait_result(self.client.delete_async(f"{self.path}/{child}"), io, what)
