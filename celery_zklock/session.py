@@ -219,7 +219,11 @@ def get_client(config: ClientConfig) -> KazooClient:
                         raise ConfigurationError(problem) from exc
                     raise
                 if config.sasl:
-                    _check_sasl_login(client, config)
+                    try:
+                        _check_sasl_login(client, config)
+                    except BaseException:
+                        _stop_quietly(client)  # started, not cached: nothing else would stop it
+                        raise
             _clients[config] = client
         return client
 
@@ -254,7 +258,6 @@ def _check_sasl_login(client: KazooClient, config: ClientConfig) -> None:
     try:
         client.exists("/")
     except AuthFailedError as exc:
-        _stop_quietly(client)
         raise ConfigurationError(_sasl_refused(config)) from exc
 
 

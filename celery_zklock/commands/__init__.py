@@ -112,8 +112,10 @@ def _lock_name(app: Any, name: str) -> str:
     task = app.tasks.get(name)
     if isinstance(task, ZkLockTask):
         return type(task)._zklock_compile(task.name).options.name
-    if "/" in name:
-        raise click.BadParameter(f"{name!r}: a lock name is one znode path segment")
+    if not name or "/" in name or name in (".", ".."):
+        raise click.BadParameter(
+            f"{name!r}: a lock name is one znode path segment (not empty, '.' or '..', no '/')"
+        )
     return name
 
 

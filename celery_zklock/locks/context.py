@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 import weakref
@@ -611,6 +612,16 @@ class ClientContext:
 
 _contexts: weakref.WeakKeyDictionary[KazooClient, ClientContext] = weakref.WeakKeyDictionary()
 _contexts_lock = threading.Lock()
+
+
+def _new_contexts_lock_after_fork() -> None:
+    # A thread of the parent may have held it at the fork: the child's first context_for
+    # would then wait for ever.
+    global _contexts_lock
+    _contexts_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_contexts_lock_after_fork)
 
 
 @functools.lru_cache(maxsize=64)

@@ -478,3 +478,12 @@ def test_doctor_over_tls_with_sasl_and_creator_acl(zk_secure_server: Any) -> Non
     assert "zklock_acl=creator -> sasl:alice=ALL, world:anyone=READ" in done.stdout
     assert "identities: sasl DIGEST-MD5 as alice" in done.stdout
     assert server.sasl_users["alice"] not in done.stdout
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_locks_with_a_lock_name_that_is_no_znode_name_is_a_usage_error(
+    cli_env: None, name: str
+) -> None:
+    result = invoke("locks", "--task", name)
+    assert result.exit_code == 2, (result.exception, result.output)
+    assert "a lock name is one znode path segment" in result.output

@@ -1,0 +1,49 @@
+"""The process's kazoo clients (``session.get_client``): a client started for a configuration
+whose login check then fails is stopped, not left running uncached (each retry would start
+another)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+
+from celery_zklock import session
+from celery_zklock.session import ClientConfig, get_client
+
+
+def test_a_client_whose_sasl_login_check_fails_is_stopped(
+    zk_hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ClientConfig(
+        hosts=zk_hosts, session_timeout=4.0, sasl=(("mechanism", "DIGEST-MD5"), ("username", "u"))
+    )
+    made: list[KazooClient] = []
+    real_new_client = session.new_client
+
+    def client_without_sasl(given: ClientConfig) -> KazooClient:
+        # This server has no SASL: connect without it, and fail the check's read as a
+        # connection lost during it fails it.
+        client = real_new_client(dataclasses.replace(given, sasl=()))
+        made.append(client)
+
+        def exists(path: str, *args: Any, **kwargs: Any) -> Any:
+            raise ConnectionLoss()
+
+        client.exists = exists  # type: ignore[method-assign]
+        return client
+
+    monkeypatch.setattr(session, "new_client", client_without_sasl)
+    try:
+        for _ in range(3):
+            with pytest.raises(ConnectionLoss):
+                get_client(config)
+        assert len(made) == 3
+        assert [client for client in made if client.connected] == []
+    finally:
+        for client in made:
+            client.stop()
+            client.close()
