@@ -29,8 +29,11 @@ soon as a paused process runs again. So the check is sufficient: a send that pas
 published before any other beat can lead, unless this process stalls between the check and the
 publish for longer than the margin (the limit every lease has: see "Safety trade-offs" in the
 README). The lease is released on purpose (shutdown, step-down) only while no send is between
-its check and its publish. A beat whose lease is lost sends nothing more, drops its scheduler
-instance, and contends again at the end of the queue.
+its check and the write of its record. ``celery beat``'s SIGTERM/SIGINT handler calls
+``close()`` and raises SystemExit on the main thread wherever it is, possibly in the middle of a
+send: that close is carried out when the send is recorded (:class:`SendLock`), and the
+SystemExit goes on to Celery's loop, which exits. A beat whose lease is lost sends nothing more,
+drops its scheduler instance, and contends again at the end of the queue.
 
 **The schedule's state.** ``PersistentScheduler`` keeps each entry's ``last_run_at`` in a shelve
 file of its own process, which a standby cannot see. Here the leaders keep it in ZooKeeper: one
@@ -64,6 +67,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final, Protocol
@@ -341,6 +345,55 @@ def guarded_producer(base: type[Any], check: Callable[[], None]) -> type[Any]:
     return GuardedProducer
 
 
+class SendLock:
+    """The lock held from each send's lease check until its record is written, and by whoever
+    releases the lease (so never between the two). Reentrant.
+
+    A release asked for by the thread that holds it (``celery beat``'s SIGTERM handler runs
+    ``close()`` on the main thread, wherever that thread is: possibly inside a send) cannot
+    wait for it, and must not go ahead either: :meth:`defer` runs it when that thread lets go
+    of its outermost hold, after the send it interrupted is recorded.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0  # changed only by the owner, while it holds _lock
+        self._deferred: list[Callable[[], None]] = []
+
+    def __enter__(self) -> SendLock:
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._depth == 1:
+                while self._deferred:
+                    call = self._deferred.pop(0)
+                    try:
+                        call()
+                    except Exception:
+                        logger.exception("beat: a release deferred to the end of a send failed")
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+            self._lock.release()
+
+    @property
+    def held_here(self) -> bool:
+        """True if the calling thread holds the lock."""
+        return self._depth > 0 and self._owner == threading.get_ident()
+
+    def defer(self, call: Callable[[], None]) -> None:
+        """Run ``call`` when the calling thread, which holds the lock, lets go of it."""
+        if not self.held_here:
+            raise RuntimeError("SendLock.defer called by a thread that does not hold it")
+        self._deferred.append(call)
+
+
 class Term:
     """One term of leadership: the wrapped scheduler instance built for it, its lease, and the
     schedule's state in ZooKeeper.
@@ -357,7 +410,7 @@ class Term:
         lease: HeldLease,
         scheduler: Any,
         store: StateStore,
-        send_lock: threading.RLock,
+        send_lock: AbstractContextManager[Any],
         leader: str,
     ) -> None:
         self.lease = lease
@@ -423,11 +476,23 @@ class Term:
         with self._send_lock:
             ensure_held(self.lease)
             try:
-                return self._apply_async(entry, producer=producer, advance=advance, **kwargs)
-            finally:
+                result = self._apply_async(entry, producer=producer, advance=advance, **kwargs)
+            except (Exception, NotLeader):
                 # Also after a failed send: Celery's reserve consumed that due time (it does not
                 # retry a send every tick), and the state must say what the scheduler believes.
                 self._record(entry.name)
+                raise
+            except BaseException:
+                # SystemExit or KeyboardInterrupt (celery beat's SIGTERM/SIGINT handler raises
+                # it wherever the main thread is): recorded too, but the stop must reach Celery's
+                # loop whatever the record meets, not a NotLeader its tick would swallow.
+                try:
+                    self._record(entry.name)
+                except NotLeader as exc:
+                    logger.warning("beat: stopping; the send in progress is not recorded: %s", exc)
+                raise
+            self._record(entry.name)
+            return result
 
     def _record(self, name: str) -> None:
         record = self._pending.pop(name, None)
@@ -549,9 +614,7 @@ class Elector(threading.Thread):
     contends again.
     """
 
-    def __init__(
-        self, mutex: Mutex, identity: str, send_lock: threading.RLock, recheck: float
-    ) -> None:
+    def __init__(self, mutex: Mutex, identity: str, send_lock: SendLock, recheck: float) -> None:
         super().__init__(name="zklock-beat-election", daemon=True)
         self.changed = threading.Event()
         """Set whenever :attr:`lease` changes."""
@@ -653,7 +716,7 @@ class LeaderScheduler:
         self._idle: Any = self._scheduler_cls(app=app, lazy=True, **kwargs)
         self.max_interval: float = self._idle.max_interval
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
-        self._send_lock = threading.RLock()
+        self._send_lock = SendLock()
         self._term: Term | None = None
         self._closed = False
         self._client: KazooClient | None = None
@@ -776,6 +839,16 @@ class LeaderScheduler:
         if self._closed:
             return
         self._closed = True
+        if self._send_lock.held_here:
+            # Called inside a send on this very thread (celery beat's SIGTERM handler, which
+            # then raises SystemExit there): releasing the lease now would let a standby lead
+            # before this send is recorded, and it would send the same due time again. Done
+            # instead when the send lets go of the lock, its record written.
+            self._send_lock.defer(self._shut_down)
+            return
+        self._shut_down()
+
+    def _shut_down(self) -> None:
         with self._send_lock:
             term, self._term = self._term, None
             if term is not None:

@@ -235,6 +235,25 @@ def test_a_lease_lost_between_the_send_check_and_the_publish_stops_the_publish(
     assert decode_state(store.data)["job"].total_run_count == 41
 
 
+def test_a_stop_raised_inside_a_send_is_not_replaced_by_the_lost_lease(app: Celery) -> None:
+    # celery beat's SIGTERM handler raises SystemExit wherever the main thread is; if the lease
+    # is gone by then, the record's NotLeader must not replace it (LeaderScheduler.tick catches
+    # NotLeader, and the beat would keep running).
+    store = stored(datetime.now(UTC) - timedelta(seconds=5), 41)
+    lease = StandInLease()
+    term, queue = term_for(app, lease, store)
+    term.claim()
+
+    def stopped_in_the_send(*args: object, **kwargs: object) -> None:
+        lease._held_reads = lease.reads  # released under the send from here on
+        raise SystemExit()
+
+    term._apply_async = stopped_in_the_send
+    with pytest.raises(SystemExit):
+        term.tick()
+    assert len(store.writes) == 1 and queue_size(app, queue) == 0  # the lease was gone
+
+
 def test_a_state_written_by_another_beat_makes_this_one_step_down(app: Celery) -> None:
     store = stored(datetime.now(UTC) - timedelta(seconds=5), 41)
     term, queue = term_for(app, StandInLease(), store)
