@@ -46,6 +46,15 @@ shelve holds "now"), and records each send right after it, again with a versione
 only while the lease is valid. A write refused on the version means another leader wrote: this
 one steps down.
 
+An entry no leader has sent yet is recorded too, with run count 0 and as last run time the one
+its scheduler gave it: for a new entry, the moment a leader first saw it (in the claim, or in
+the first tick that finds it in the schedule). That is what a single beat's shelve keeps for
+it, so its first due time counts from there, across takeovers, as it would for one persistent
+beat; without it each new leader would start the interval afresh, and an entry with a period
+longer than the time between takeovers (a daily entry, a deploy every few hours) would never be
+sent. A baseline older than the interval (the group was stopped) makes the entry due once at
+the next tick, as a shelve does.
+
 **Exactly once, at a takeover.** Every send is decided from the last run time recorded in
 ZooKeeper and is recorded before the leader's next send. So a new leader starts from the last
 recorded send: it re-sends no due time whose send was recorded, skips none, and sends the first
@@ -94,6 +103,7 @@ __all__ = [
     "decode_state",
     "encode_state",
     "record_of",
+    "records_of_new_entries",
 ]
 
 logger = logging.getLogger("celery_zklock.beat")
@@ -242,6 +252,19 @@ def apply_records(entries: Mapping[str, Any], records: Mapping[str, RunRecord]) 
         for name, entry in entries.items()
         if name in records and apply_record(entry, records[name])
     ]
+
+
+def records_of_new_entries(
+    entries: Mapping[str, Any], records: Mapping[str, RunRecord]
+) -> dict[str, RunRecord]:
+    """:func:`record_of` each entry without a record (and with a last run time): for an entry
+    no leader has sent yet that is the time its scheduler first saw it (a fresh entry's
+    ``last_run_at`` is its creation time), which its first interval counts from."""
+    return {
+        name: record_of(entry)
+        for name, entry in entries.items()
+        if name not in records and getattr(entry, "last_run_at", None) is not None
+    }
 
 
 def encode_state(
@@ -430,8 +453,8 @@ class Term:
 
     def claim(self) -> None:
         """Read the stored state, write it back under this term's token (a write of an older
-        leader still in flight then fails on the version), and apply it to the scheduler's
-        entries.
+        leader still in flight then fails on the version) with the entries it did not know
+        added (:func:`records_of_new_entries`), and apply it to the scheduler's entries.
 
         Raises NotLeader if the lease is lost or the version race is lost
         :data:`CLAIM_ATTEMPTS` times; ZooKeeperUnavailable or a KazooException if ZooKeeper
@@ -441,20 +464,28 @@ class Term:
             with self._send_lock:
                 ensure_held(self.lease)
                 records = self._store.load()
+                # Entries no leader has seen yet: their first-seen time goes in with the claim.
+                first_seen = records_of_new_entries(self.scheduler.schedule, records)
                 try:
-                    self._store.save(self._document(records))
+                    self._store.save(self._document({**records, **first_seen}))
                 except Superseded:
                     continue
-            self.records = records
+            self.records = {**records, **first_seen}
             apply_records(self.scheduler.schedule, records)
             return
         raise NotLeader("the schedule's state kept changing under a new leader's claim")
 
     def tick(self) -> float:
-        """One tick of the wrapped scheduler; raises NotLeader where it must not send."""
-        if self._unsaved:
+        """One tick of the wrapped scheduler; raises NotLeader where it must not send.
+
+        Entries that appeared in the schedule since the last tick (a scheduler that reloads its
+        schedule, such as django-celery-beat's) are recorded first, with their own first-seen
+        time, as the claim does for those present at the start of the term."""
+        first_seen = records_of_new_entries(self.scheduler.schedule, self.records)
+        if first_seen or self._unsaved:
             with self._send_lock:
                 ensure_held(self.lease)
+                self.records.update(first_seen)
                 self._save()
         return float(self.scheduler.tick())
 
@@ -805,7 +836,7 @@ class LeaderScheduler:
             raise
         self._term = term
         logger.info(
-            "beat: leading with token %d; last runs of %d entries restored from %s",
+            "beat: leading with token %d; the state of %d entries kept in %s",
             lease.token,
             len(term.records),
             self.settings.state,

@@ -265,6 +265,72 @@ def test_a_state_written_by_another_beat_makes_this_one_step_down(app: Celery) -
     assert queue_size(app, queue) == 1
 
 
+def test_an_entry_never_sent_keeps_its_first_seen_time_across_takeovers(app: Celery) -> None:
+    # A single beat with a shelve counts a new entry's first interval from when it first saw
+    # it; a takeover must not start it afresh (takeovers more frequent than the interval would
+    # then never send it).
+    store = StandInState()
+    before = datetime.now(UTC)
+    first, queue = term_for(app, StandInLease(token=1), store, every=60.0)
+    first.claim()
+    first_seen = decode_state(store.data)["job"]
+    assert first_seen.total_run_count == 0 and first_seen.last_run_at >= before
+    assert first.tick() > 59 and queue_size(app, queue) == 0
+    first.close()
+
+    for token in (2, 3):  # takeovers, each with a fresh scheduler whose entry says "now"
+        lease = StandInLease(token=token)
+        producer = guarded_producer(app.amqp.Producer, lambda lease=lease: ensure_held(lease))
+        term = Term(lease, Scheduler(app, Producer=producer), store, threading.RLock(), "h:2")
+        term.claim()
+        assert term.scheduler.schedule["job"].last_run_at == first_seen.last_run_at
+        assert decode_state(store.data)["job"] == first_seen
+        term.close()
+
+    # The same entry first seen 61 s ago (one period passed, no leader ever sent it): due once,
+    # now, as a shelve that old would make it; then a period from that send.
+    store = StandInState(
+        encode_state(
+            {"job": RunRecord(before - timedelta(seconds=61), 0)},
+            leader="old:1",
+            token=3,
+            written_at=before,
+        )
+    )
+    term, queue = term_for(app, StandInLease(token=4), store, every=60.0)
+    term.claim()
+    assert term.tick() == 0 and term.tick() > 59
+    assert queue_size(app, queue) == 1
+    assert decode_state(store.data)["job"].total_run_count == 1
+
+
+def test_an_entry_added_later_counts_from_when_it_was_first_seen(app: Celery) -> None:
+    # Its baseline is its own first sighting, not the first claim of the schedule: an entry
+    # added to an old schedule is not due at once.
+    long_ago = datetime.now(UTC) - timedelta(days=3)
+    store = stored(long_ago, 41)  # "job", sent long ago: due now
+    term, queue = term_for(app, StandInLease(), store, every=3600.0)
+    added = ScheduleEntry("added", "unit.job", schedule=3600.0, app=app,
+                          options={"queue": queue})  # fmt: skip
+    term.scheduler.schedule["added-at-start"] = added
+    term.claim()
+    records = decode_state(store.data)
+    assert records["job"] == RunRecord(long_ago, 41)
+    assert records["added-at-start"].total_run_count == 0
+    assert records["added-at-start"].last_run_at > long_ago + timedelta(days=2)
+    assert term.tick() == 0  # "job" is due: one send
+    # An entry that shows up in the middle of a term (a scheduler reloading its schedule) is
+    # recorded at the next tick, with the time its scheduler first saw it.
+    term.scheduler.schedule["added-mid-term"] = ScheduleEntry(
+        "added-mid-term", "unit.job", schedule=3600.0, app=app, options={"queue": queue}
+    )
+    assert term.tick() == term.scheduler.max_interval  # nothing due within it
+    records = decode_state(store.data)
+    assert records["added-mid-term"].total_run_count == 0
+    assert records["job"].total_run_count == 42
+    assert queue_size(app, queue) == 1  # only "job": neither new entry is due
+
+
 def test_a_claim_that_keeps_losing_the_version_race_does_not_lead(app: Celery) -> None:
     store = StandInState()
     store.superseded = True
