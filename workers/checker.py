@@ -201,6 +201,8 @@ class _Section:
     """Highest accepted token of the key among writes recorded before this enter."""
     end: str | None = None
     """``"exit"`` or ``"killed"``; None while open."""
+    died_unseen: bool = False
+    """Closed by a ``late`` kill: its process was found dead at an unknown point before."""
     outcome: str | None = None
     forced: bool = False
     """A ``paused`` or ``expired`` event for its process was recorded while it was open."""
@@ -243,6 +245,7 @@ class _Replay:
         closed = self.inside.close(lambda section: _same_process(section.enter, event))
         for section in closed:
             section.end = "killed"
+            section.died_unseen = event.late
         self.kill_times.append((event.time, len(closed)))
 
     def _forced(self, event: SectionEvent) -> None:
@@ -319,7 +322,10 @@ def check_run(
         replay.feed(position, event)
 
     def revoked(section: _Section, forced: bool) -> bool:
-        if section.end == "killed":
+        # An injected kill is recorded right after it landed, and a kill closes the section:
+        # an overlap of a killed section was recorded before its kill, while it was alive.
+        # Only a death found after the fact (``late``) may have come before the overlap.
+        if section.died_unseen:
             return True
         if not forced:
             return False

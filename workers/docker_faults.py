@@ -70,13 +70,15 @@ class DockerFaultInjector(FaultInjector):
         sections as killed."""
         for container in self.compose.containers(WORKER_SERVICE):
             if not container.running:
-                self._record_container_deaths(container)
+                self._record_container_deaths(container, late=True)
                 docker("start", container.id)
 
-    def _record_container_deaths(self, container: Container) -> None:
+    def _record_container_deaths(self, container: Container, *, late: bool = False) -> None:
+        """Record every process with a section open in ``container`` as killed; ``late``: the
+        container was found stopped, not stopped by us just now."""
         now = time.time()
         for hostname, pid in self._open_in(container):
-            self._recorder.record_kill(hostname, pid, now)
+            self._recorder.record_kill(hostname, pid, now, late=late)
 
     def _open_in(self, container: Container) -> list[tuple[str, int]]:
         """(node name, pid) of every process with a section open in ``container``."""

@@ -386,7 +386,8 @@ class FaultInjector:
         dead = {(e.hostname, e.pid) for e in self._sections.refresh()}
         for hostname, pid in sorted(dead):
             if hostname == worker.nodename:
-                self._recorder.record_kill(hostname, pid, now)
+                # Found dead only now: it died at some unknown point before (late).
+                self._recorder.record_kill(hostname, pid, now, late=True)
 
     def inject(self, kind: str) -> FaultRecord:
         """Inject one fault of ``kind`` now (waiting for a target if it needs one), once every

@@ -81,11 +81,14 @@ class SectionEvent:
     ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
 
     A ``killed`` event means the process ``pid`` on ``hostname`` died: it closes every section
-    that process had entered and not exited. A ``paused`` event means a fault stopped that process
-    (SIGSTOP) while it held locks, an ``expired`` one that a fault closed its ZooKeeper session on
-    the server: from then on its open sections may be overlapped by their successors without the
-    lock being at fault (see :mod:`workers.checker`). In these three kinds only ``hostname``,
-    ``pid`` and ``time`` mean anything (``task_id`` and ``key`` are empty, ``mode`` is a
+    that process had entered and not exited. An injected kill is recorded at once, so the
+    process was alive (its sections valid) until about there; ``late`` marks a death only found
+    afterwards (a worker that died on its own), which happened at some unknown point before.
+    A ``paused`` event means a fault stopped that process (SIGSTOP) while it held locks, an
+    ``expired`` one that a fault closed its ZooKeeper session on the server: from then on its
+    open sections may be overlapped by their successors without the lock being at fault (see
+    :mod:`workers.checker`). In these three kinds only ``hostname``, ``pid``, ``time`` and
+    ``late`` mean anything (``task_id`` and ``key`` are empty, ``mode`` is a
     placeholder, ``token`` 0).
     """
 
@@ -101,6 +104,7 @@ class SectionEvent:
     accepted: bool | None = None
     previous_token: int | None = None
     outcome: str | None = None
+    late: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -114,10 +118,13 @@ class SectionEvent:
         return f"{self.task_id}#{self.token}"
 
     def to_json(self) -> str:
-        """Compact JSON; ``outcome`` is left out when None, so older readers still parse it."""
+        """Compact JSON; ``outcome`` and ``late`` are left out when unset, so older readers
+        still parse it."""
         data = asdict(self)
         if data["outcome"] is None:
             del data["outcome"]
+        if not data["late"]:
+            del data["late"]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -160,15 +167,18 @@ class SectionRecorder(_RedisList[SectionEvent]):
     def __init__(self, redis: RedisClient, run_id: str) -> None:
         super().__init__(redis, run_id, events_key(run_id))
 
-    def record_kill(self, hostname: str, pid: int, time: float) -> None:
+    def record_kill(self, hostname: str, pid: int, time: float, *, late: bool = False) -> None:
         """Append a ``killed`` event: process ``pid`` of ``hostname`` is dead as of now.
 
-        Call it after the kill took effect and before anything else is recorded about it.
+        Call it after the kill took effect and before anything else is recorded about it: the
+        checker counts an overlap of the process's sections recorded before this event as a
+        violation. ``late``: the death was found after the fact (it happened at some unknown
+        point before), and overlaps before it cannot be told from a legitimate hand-over.
         ``hostname`` and ``pid`` must be what that process put in its section events: the
         worker's node name (``task.request.hostname``) and the pid of the process that ran the
         task bodies (in a prefork worker, the pool child's, not the parent's).
         """
-        self._record_process_event("killed", hostname, pid, time)
+        self._record_process_event("killed", hostname, pid, time, late=late)
 
     def record_forced_loss(self, kind: EventKind, hostname: str, pid: int, time: float) -> None:
         """Append a ``paused`` or ``expired`` event for process ``pid`` of ``hostname``.
@@ -181,7 +191,9 @@ class SectionRecorder(_RedisList[SectionEvent]):
             raise ValueError(f"a forced loss is one of {FORCED_LOSS_KINDS}, got {kind!r}")
         self._record_process_event(kind, hostname, pid, time)
 
-    def _record_process_event(self, kind: EventKind, hostname: str, pid: int, time: float) -> None:
+    def _record_process_event(
+        self, kind: EventKind, hostname: str, pid: int, time: float, *, late: bool = False
+    ) -> None:
         self.record(
             SectionEvent(
                 kind=kind,
@@ -192,6 +204,7 @@ class SectionRecorder(_RedisList[SectionEvent]):
                 hostname=hostname,
                 pid=pid,
                 time=time,
+                late=late,
             )
         )
 

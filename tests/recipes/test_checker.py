@@ -50,8 +50,10 @@ def section(
     ]
 
 
-def killed(pid: int, at: float = 0.0) -> SectionEvent:
-    return SectionEvent("killed", "", "", "exclusive", 0, hostname=HOST, pid=pid, time=at)
+def killed(pid: int, at: float = 0.0, *, late: bool = False) -> SectionEvent:
+    return SectionEvent(
+        "killed", "", "", "exclusive", 0, hostname=HOST, pid=pid, time=at, late=late
+    )
 
 
 def forced(kind: str, pid: int = 0, hostname: str = "") -> SectionEvent:
@@ -152,11 +154,13 @@ def test_sections_of_different_keys_do_not_conflict() -> None:
 # ------------------------------------------------------------------------- revoked holders
 
 
-def test_a_killed_holder_overlapped_by_its_successor_is_a_revoked_overlap() -> None:
+def test_a_holder_found_dead_late_overlapped_by_its_successor_is_a_revoked_overlap() -> None:
+    # a's worker died on its own; its session expired, b was granted, and only then did the
+    # injector find the worker dead: the death came at an unknown point before its record.
     events = [
         ev("enter", "a", token=1, hostname=HOST, pid=41),
-        ev("enter", "b", token=2, hostname=HOST, pid=42),  # a was paused, then replaced
-        killed(pid=41),
+        ev("enter", "b", token=2, hostname=HOST, pid=42),
+        killed(pid=41, late=True),
         ev("exit", "b", token=2, outcome="ok", hostname=HOST, pid=42),
     ]
     report = check(
@@ -165,6 +169,23 @@ def test_a_killed_holder_overlapped_by_its_successor_is_a_revoked_overlap() -> N
     assert (report.violations, report.revoked_overlaps) == (0, 1)
     assert report.killed_sections == 1 and report.open_sections == 0
     assert report.lost == 1 and report.lost_task_ids == ("a",)  # its message was never finished
+
+
+def test_an_overlap_recorded_before_an_injected_kill_is_a_violation() -> None:
+    # An injected kill is recorded within milliseconds of the SIGKILL: b entered while a was
+    # alive and its lease valid. The kill that came later does not excuse it.
+    events = [
+        ev("enter", "a", token=1, hostname=HOST, pid=41),
+        ev("enter", "b", token=2, hostname=HOST, pid=42),
+        ev("exit", "b", token=2, outcome="ok", hostname=HOST, pid=42),
+        killed(pid=41),
+    ]
+    report = check(events, outcomes={"a": TaskOutcome("a", "PENDING")})
+    assert (report.violations, report.revoked_overlaps) == (1, 0) and not report.ok
+    assert report.overlaps[0].inside == ("a#1",) and report.killed_sections == 1
+    # The legitimate hand-over: the kill, then the successor (no overlap at all).
+    after = [events[0], events[3], *events[1:3]]
+    assert check(after, outcomes={"a": TaskOutcome("a", "PENDING")}).overlaps == ()
 
 
 def test_a_kill_closes_only_its_own_process_sections() -> None:
@@ -454,7 +475,7 @@ def test_a_history_recorded_in_redis_reads_back_and_checks(
     ]
     for event in written:
         recorder.record(event)
-    recorder.record_kill(HOST, 41, 2.5)
+    recorder.record_kill(HOST, 41, 2.5, late=True)  # found dead after b entered
     recorder.record(ev("exit", "b", token=2, hostname=HOST, pid=42, time=3.0, outcome="ok"))
     log.record(FaultRecord("kill", 2.4, f"{HOST} pid 41", True, "SIGKILL"))
     log.record(FaultRecord("redis_restart", 2.6, "redis", False, "no permission"))
@@ -464,7 +485,7 @@ def test_a_history_recorded_in_redis_reads_back_and_checks(
     )
 
     events = recorder.events()
-    assert events[:2] == written and events[2] == killed(41, 2.5)
+    assert events[:2] == written and events[2] == killed(41, 2.5, late=True)
     assert events[3].outcome == "ok" and events[4].outcome is None and events[4].token == 7
     assert log.records()[1] == FaultRecord("redis_restart", 2.6, "redis", False, "no permission")
 
@@ -496,6 +517,8 @@ def test_records_reject_what_they_cannot_mean() -> None:
     with pytest.raises(ValueError, match="forced loss"):
         SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)
     assert "outcome" not in ev("enter", "a").to_json()  # older readers still parse it
+    assert "late" not in killed(1).to_json()
+    assert SectionEvent.from_json(killed(1, late=True).to_json()).late
 
 
 # ------------------------------------------------------- run_section under a real lease loss
