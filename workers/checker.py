@@ -31,6 +31,11 @@ __all__ = [
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 LOST_REASON_PREFIX = "LockLost"
 MAX_SERIES_SECONDS = 7 * 24 * 3600
+PAUSE_EXPIRY_FRACTION = 0.5
+"""A pause excuses an overlap only once this fraction of the session timeout has passed since
+the stop was sent (``paused`` event's time, on the same host's clock as the enter): the server
+cannot expire the session sooner than 2/3 of the timeout after it (kazoo sends at least every
+third of the timeout), so an earlier successor is a lock fault, a later one may be legitimate."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +209,27 @@ class _Section:
     died_unseen: bool = False
     """Closed by a ``late`` kill: its process was found dead at an unknown point before."""
     outcome: str | None = None
-    forced: bool = False
-    """A ``paused`` or ``expired`` event for its process was recorded while it was open."""
+    forces: list[_Force] = field(default_factory=list)
+    """The ``paused`` or ``expired`` events for its process recorded while it was open."""
+
+
+@dataclass
+class _Force:
+    """A ``paused`` or ``expired`` event; ``survived`` once a ``survived`` event withdrew it."""
+
+    event: SectionEvent
+    survived: bool = False
+
+    def excuses(self, entering: SectionEvent) -> bool:
+        """Whether it may have taken the holder's session before ``entering`` was granted."""
+        if self.survived:
+            return False
+        if self.event.kind == "expired":
+            return True
+        timeout = self.event.session_timeout
+        return timeout is not None and (
+            entering.time >= self.event.time + PAUSE_EXPIRY_FRACTION * timeout
+        )
 
 
 @dataclass
@@ -216,10 +240,11 @@ class _Replay:
     last_section: dict[str, _Section] = field(default_factory=dict)
     attempts: Counter[str] = field(default_factory=Counter)
     first_enter: dict[str, float] = field(default_factory=dict)
-    raw_overlaps: list[tuple[int, _Section, tuple[tuple[_Section, bool], ...]]] = field(
-        default_factory=list
+    raw_overlaps: list[tuple[int, _Section, tuple[tuple[_Section, tuple[_Force, ...]], ...]]] = (
+        field(default_factory=list)
     )
-    """``(position, entering section, ((conflicting section, forced by then), ...))``."""
+    """``(position, entering section, ((conflicting section, its forces by then), ...))``."""
+    pending_forces: dict[tuple[str, int], list[_Force]] = field(default_factory=dict)
     malformed: list[str] = field(default_factory=list)
     stale: list[SectionEvent] = field(default_factory=list)
     holds: list[float] = field(default_factory=list)
@@ -234,6 +259,9 @@ class _Replay:
             self._killed(event)
         elif event.kind in FORCED_LOSS_KINDS:
             self._forced(event)
+        elif event.kind == "survived":
+            for force in self.pending_forces.pop((event.hostname, event.pid), []):
+                force.survived = True
         elif event.kind == "enter":
             self._enter(position, event)
         elif event.kind == "exit":
@@ -249,9 +277,11 @@ class _Replay:
         self.kill_times.append((event.time, len(closed)))
 
     def _forced(self, event: SectionEvent) -> None:
+        force = _Force(event)
+        self.pending_forces.setdefault((event.hostname, event.pid), []).append(force)
         for _, section in self.inside:
             if _same_process(section.enter, event):
-                section.forced = True
+                section.forces.append(force)
 
     def _enter(self, position: int, event: SectionEvent) -> None:
         if event.holder in self.sections:
@@ -265,7 +295,7 @@ class _Replay:
         self.first_enter.setdefault(event.task_id, event.time)
         if overlapped:
             self.raw_overlaps.append(
-                (position, section, tuple((s, s.forced) for _, s in overlapped))
+                (position, section, tuple((s, tuple(s.forces)) for _, s in overlapped))
             )
 
     def _exit(self, position: int, event: SectionEvent) -> None:
@@ -321,13 +351,13 @@ def check_run(
     for position, event in enumerate(events):
         replay.feed(position, event)
 
-    def revoked(section: _Section, forced: bool) -> bool:
+    def revoked(section: _Section, forces: tuple[_Force, ...], entering: _Section) -> bool:
         # An injected kill is recorded right after it landed, and a kill closes the section:
         # an overlap of a killed section was recorded before its kill, while it was alive.
         # Only a death found after the fact (``late``) may have come before the overlap.
         if section.died_unseen:
             return True
-        if not forced:
+        if not any(force.excuses(entering.enter) for force in forces):
             return False
         if section.outcome == "lost":
             return True
@@ -346,7 +376,7 @@ def check_run(
             entering=section.enter.holder,
             entering_mode=section.enter.mode,
             inside=tuple(s.enter.holder for s, _ in inside),
-            revoked=all(revoked(s, forced) for s, forced in inside),
+            revoked=all(revoked(s, forces, section) for s, forces in inside),
         )
         for position, section, inside in replay.raw_overlaps
     )

@@ -130,15 +130,20 @@ class DockerFaultInjector(FaultInjector):
             if self._still_holding(target):
                 break
             docker("unpause", container.id)  # it let go before the pause landed: aim again
-        now = time.time()
-        for hostname, pid in self._open_in(container):
-            self._recorder.record_forced_loss("paused", hostname, pid, now)
+        held = self._open_in(container)
+        for hostname, pid in held:  # stamped before the pause (see FaultInjector._pause)
+            self._recorder.record_forced_loss(
+                "paused", hostname, pid, paused_at, session_timeout=self.env.session_timeout
+            )
 
         def unpause() -> None:
             docker("unpause", container.id, check=False)
 
         with self._undo_on_exit(unpause):
             expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
+        if expired_after is None:  # unpaused with its session: the pause excuses nothing
+            for hostname, pid in held:
+                self._recorder.record_survived(hostname, pid, time.time())
         paused = time.monotonic() - started
         detail = f"docker pause of the worker container for {paused:.1f} s" + (
             f" (the server expired the holder's session after {expired_after:.1f} s), then "

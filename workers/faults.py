@@ -559,9 +559,18 @@ class FaultInjector:
             if self._still_holding(target):
                 break
             _resume(pid)  # it released the lock before the stop landed: aim again
-        self._recorder.record_forced_loss("paused", target.event.hostname, pid, time.time())
+        # Stamped with the time before the stop: the server last heard from the client at most
+        # a third of the session timeout before (kazoo sends a ping after that long idle), so
+        # it cannot expire the session sooner than 2/3 of the timeout after this (the checker
+        # excuses an overlap only from half the timeout on).
+        hostname = target.event.hostname
+        self._recorder.record_forced_loss(
+            "paused", hostname, pid, paused_at, session_timeout=self.env.session_timeout
+        )
         with self._undo_on_exit(lambda: _resume(pid)):
             expired_after = self._wait_node_gone(target.event.node, self._expiry_deadline())
+        if expired_after is None:  # resumed with its session: the pause excuses nothing
+            self._recorder.record_survived(hostname, pid, time.time())
         paused = time.monotonic() - started
         if expired_after is None:
             detail = f"SIGSTOP for {paused:.1f} s, but its session did not expire meanwhile"
@@ -578,7 +587,15 @@ class FaultInjector:
         self._recorder.record_forced_loss(
             "expired", target.event.hostname, target.event.pid, expired_at
         )
-        expire_session(self.env.zk_hosts, target.session_id)
+        # Recorded before the call: a successor may be granted (and record its enter) as soon as
+        # the server closed the session, before this injector could record anything after it.
+        # If the call fails and the node is still there, the record is withdrawn.
+        try:
+            expire_session(self.env.zk_hosts, target.session_id)
+        except Exception:
+            if self._wait_node_gone(target.event.node, 1.0) is None:
+                self._recorder.record_survived(target.event.hostname, target.event.pid, time.time())
+            raise
         gone = self._wait_node_gone(target.event.node, 10.0)
         detail = "session closed on the server; its lock node went after " + (
             f"{gone * 1000:.0f} ms" if gone is not None else "more than 10 s (still there)"

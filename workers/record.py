@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 Mode = Literal["exclusive", "shared"]
-EventKind = Literal["enter", "write", "exit", "killed", "paused", "expired"]
+EventKind = Literal["enter", "write", "exit", "killed", "paused", "expired", "survived"]
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
 FAULT_KINDS: Final = (
@@ -87,8 +87,13 @@ class SectionEvent:
     A ``paused`` event means a fault stopped that process (SIGSTOP) while it held locks, an
     ``expired`` one that a fault closed its ZooKeeper session on the server: from then on its
     open sections may be overlapped by their successors without the lock being at fault (see
-    :mod:`workers.checker`). In these three kinds only ``hostname``, ``pid``, ``time`` and
-    ``late`` mean anything (``task_id`` and ``key`` are empty, ``mode`` is a
+    :mod:`workers.checker`). A ``paused`` event's ``time`` is taken before the stop and it
+    carries the workers' ``session_timeout``: ZooKeeper cannot expire the session much before
+    that timeout has passed. A ``survived`` event says the fault recorded by the process's
+    earlier ``paused`` or ``expired`` events did not take its session after all (the pause
+    ended before the expiry, the expiry call failed): those events excuse nothing. In these
+    kinds only ``hostname``, ``pid``, ``time``, ``late`` and ``session_timeout`` mean anything
+    (``task_id`` and ``key`` are empty, ``mode`` is a
     placeholder, ``token`` 0).
     """
 
@@ -105,6 +110,7 @@ class SectionEvent:
     previous_token: int | None = None
     outcome: str | None = None
     late: bool = False
+    session_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -118,13 +124,15 @@ class SectionEvent:
         return f"{self.task_id}#{self.token}"
 
     def to_json(self) -> str:
-        """Compact JSON; ``outcome`` and ``late`` are left out when unset, so older readers
-        still parse it."""
+        """Compact JSON; ``outcome``, ``late`` and ``session_timeout`` are left out when unset,
+        so older readers still parse it."""
         data = asdict(self)
         if data["outcome"] is None:
             del data["outcome"]
         if not data["late"]:
             del data["late"]
+        if data["session_timeout"] is None:
+            del data["session_timeout"]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -180,19 +188,42 @@ class SectionRecorder(_RedisList[SectionEvent]):
         """
         self._record_process_event("killed", hostname, pid, time, late=late)
 
-    def record_forced_loss(self, kind: EventKind, hostname: str, pid: int, time: float) -> None:
+    def record_forced_loss(
+        self,
+        kind: EventKind,
+        hostname: str,
+        pid: int,
+        time: float,
+        *,
+        session_timeout: float | None = None,
+    ) -> None:
         """Append a ``paused`` or ``expired`` event for process ``pid`` of ``hostname``.
 
         Call it once the fault took effect (the process is stopped, or its session is about to
         be closed) and before its successors can be granted: the checker excuses overlaps of
         the sections open at this point only (``hostname``/``pid`` as in :meth:`record_kill`).
+        For ``paused``, ``time`` is when the stop was sent and ``session_timeout`` the
+        workers' session timeout: without it a pause excuses nothing. If the fault then did
+        not take the session, append :meth:`record_survived`.
         """
         if kind not in FORCED_LOSS_KINDS:
             raise ValueError(f"a forced loss is one of {FORCED_LOSS_KINDS}, got {kind!r}")
-        self._record_process_event(kind, hostname, pid, time)
+        self._record_process_event(kind, hostname, pid, time, session_timeout=session_timeout)
+
+    def record_survived(self, hostname: str, pid: int, time: float) -> None:
+        """Append a ``survived`` event: the forced losses recorded for the process so far did
+        not take its session (it is still the lock holder's): they excuse no overlap."""
+        self._record_process_event("survived", hostname, pid, time)
 
     def _record_process_event(
-        self, kind: EventKind, hostname: str, pid: int, time: float, *, late: bool = False
+        self,
+        kind: EventKind,
+        hostname: str,
+        pid: int,
+        time: float,
+        *,
+        late: bool = False,
+        session_timeout: float | None = None,
     ) -> None:
         self.record(
             SectionEvent(
@@ -205,6 +236,7 @@ class SectionRecorder(_RedisList[SectionEvent]):
                 pid=pid,
                 time=time,
                 late=late,
+                session_timeout=session_timeout,
             )
         )
 

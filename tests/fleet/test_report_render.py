@@ -125,7 +125,8 @@ def synthetic_run(keys: int = 4, seconds: float = 20.0, seed: int = 7) -> Synthe
         ("paused", "w2@fleet", 201, 7.0),
         ("killed", "w3@fleet", 301, 14.5),
     ):
-        event = SectionEvent(kind, "", "", "exclusive", 0, hostname=host, pid=pid, time=T0 + at)  # type: ignore[arg-type]
+        event = SectionEvent(kind, "", "", "exclusive", 0, hostname=host, pid=pid, time=T0 + at,  # type: ignore[arg-type]
+                             session_timeout=2.0 if kind == "paused" else None)  # fmt: skip
         timed.append((event.time, 0, event))
     events = []
     for _, _, event in sorted(timed, key=lambda item: (item[0], item[1])):

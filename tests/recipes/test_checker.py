@@ -56,9 +56,22 @@ def killed(pid: int, at: float = 0.0, *, late: bool = False) -> SectionEvent:
     )
 
 
-def forced(kind: str, pid: int = 0, hostname: str = "") -> SectionEvent:
-    """A ``paused`` or ``expired`` event (defaults: the process of ``ev``'s events)."""
-    return SectionEvent(kind, "", "", "exclusive", 0, hostname=hostname, pid=pid)  # type: ignore[arg-type]
+def forced(
+    kind: str, pid: int = 0, hostname: str = "", *, at: float = 0.0, timeout: float | None = 4.0
+) -> SectionEvent:
+    """A ``paused``, ``expired`` or ``survived`` event (defaults: the process of ``ev``'s
+    events; a pause at ``at`` of a worker whose session timeout is 4 s)."""
+    return SectionEvent(
+        kind,  # type: ignore[arg-type]
+        "",
+        "",
+        "exclusive",
+        0,
+        hostname=hostname,
+        pid=pid,
+        time=at,
+        session_timeout=timeout if kind == "paused" else None,
+    )
 
 
 def check(
@@ -206,7 +219,7 @@ def test_an_overlap_with_a_holder_that_lost_its_lease_is_revoked() -> None:
     events = [
         ev("enter", "a", token=1),
         forced("paused"),  # a's process stopped past its session timeout
-        ev("enter", "b", token=2),
+        ev("enter", "b", token=2, time=4.5),
         ev("write", "b", token=2, accepted=True),
         ev("write", "a", token=1, accepted=False, previous_token=2),  # the fence refuses a
         ev("exit", "a", token=1, outcome="lost"),
@@ -260,6 +273,53 @@ def test_a_holder_that_learned_of_its_loss_only_after_its_successor_entered_is_a
     # Nor one of another process.
     other = [events[0], forced("expired", pid=99), *events[1:]]
     assert check(other, outcomes={"a": lost}).violations == 1
+
+
+def test_a_pause_excuses_only_a_successor_entering_once_the_session_can_have_expired() -> None:
+    # The paused event is stamped before the SIGSTOP; ZooKeeper cannot expire the session
+    # before about 2/3 of the timeout (4 s) has passed: a successor 0.1 s in is a lock fault.
+    def history(enter_at: float, *extra: SectionEvent) -> list[SectionEvent]:
+        return [
+            ev("enter", "a", token=1, time=0.0),
+            forced("paused", at=0.1),
+            *extra,
+            ev("enter", "b", token=2, time=enter_at),
+            ev("exit", "b", token=2, outcome="ok", time=enter_at + 0.2),
+            ev("exit", "a", token=1, outcome="lost", time=5.0),
+        ]
+
+    lost = {"a": TaskOutcome("a", "FAILURE", reason="LockLost: lost")}
+    early = check(history(0.2), outcomes=lost)
+    assert (early.violations, early.revoked_overlaps) == (1, 0) and not early.ok
+    late = check(history(2.2), outcomes=lost)  # past half the timeout: may be legitimate
+    assert (late.violations, late.revoked_overlaps) == (0, 1) and late.ok
+    # A pause recorded without the session timeout cannot tell: it excuses nothing.
+    unknown = [forced("paused", at=0.1, timeout=None) if e.kind == "paused" else e for e in
+               history(4.0)]  # fmt: skip
+    assert check(unknown, outcomes=lost).violations == 1
+    # A pause the session survived (resumed before the expiry) excuses nothing either.
+    survived = history(4.0)
+    survived.insert(4, forced("survived"))
+    assert check(survived, outcomes=lost).violations == 1
+
+
+def test_an_expiry_whose_call_failed_excuses_nothing() -> None:
+    events = [
+        ev("enter", "a", token=1),
+        forced("expired"),  # recorded before the call closes the session
+        forced("survived"),  # the call failed and the node was still there
+        ev("enter", "b", token=2),
+        ev("exit", "a", token=1, outcome="lost"),
+        ev("exit", "b", token=2, outcome="ok"),
+    ]
+    lost = {"a": TaskOutcome("a", "FAILURE", reason="LockLost: lost")}
+    assert check(events, outcomes=lost).violations == 1
+    # Without the withdrawal, the same hand-over is a revoked overlap.
+    succeeded = [e for e in events if e.kind != "survived"]
+    assert check(succeeded, outcomes=lost).revoked_overlaps == 1
+    # A withdrawal withdraws only the forced losses recorded before it.
+    again = [events[0], forced("survived"), forced("expired"), *events[3:]]
+    assert check(again, outcomes=lost).revoked_overlaps == 1
 
 
 def test_a_forced_loss_excuses_only_a_holder_that_ended_with_its_lock_lost() -> None:
@@ -518,6 +578,8 @@ def test_records_reject_what_they_cannot_mean() -> None:
         SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)
     assert "outcome" not in ev("enter", "a").to_json()  # older readers still parse it
     assert "late" not in killed(1).to_json()
+    assert "session_timeout" not in killed(1).to_json()
+    assert SectionEvent.from_json(forced("paused").to_json()).session_timeout == 4.0
     assert SectionEvent.from_json(killed(1, late=True).to_json()).late
 
 

@@ -261,7 +261,8 @@ def test_the_timeline_replays_sections_faults_and_the_checkers_marks() -> None:
     e = SectionEvent
     events = [
         e("enter", "a", "k1", "exclusive", 1, hostname="w1", pid=1, time=100.0),
-        e("paused", "", "", "exclusive", 0, hostname="w1", pid=1, time=101.0),
+        e("paused", "", "", "exclusive", 0, hostname="w1", pid=1, time=101.0,
+          session_timeout=1.5),
         e("enter", "b", "k1", "exclusive", 2, hostname="w2", pid=2, time=102.0),
         e("write", "b", "k1", "exclusive", 2, hostname="w2", pid=2, time=102.4, accepted=True),
         e("exit", "b", "k1", "exclusive", 2, hostname="w2", pid=2, time=102.5, outcome="ok"),
