@@ -102,7 +102,8 @@ class FaultImpact:
 
 @dataclass(frozen=True)
 class RunReport:
-    """What :func:`check_run` found. ``ok``: no violation, stale write, lost task or leftover."""
+    """What :func:`check_run` found. ``ok``: no violation, stale write, lost task or leftover,
+    and nothing left unchecked (:attr:`unchecked`)."""
 
     tasks: int
     ran: int
@@ -146,6 +147,11 @@ class RunReport:
     """Section exits per second, from the first submission (without submissions, or when the
     submit times are more than a week before the exits, from the first exit)."""
     attempts: Mapping[str, int] = field(default_factory=dict)
+    unexplained_open_sections: int = 0
+    """Open sections (see ``open_sections``) whose task reached a final state: it ended
+    without its ``exit`` record, so the section's end was never checked. An open section of a
+    task without a final state is reported by ``lost`` (or belongs to no submitted task: a
+    section a fault planted)."""
     broker_dropped_task_ids: tuple[str, ...] = ()
     """Tasks with no final state that never started and whose message the broker no longer
     held, in a run where the broker was restarted: dropped by the broker's transport before any
@@ -157,21 +163,38 @@ class RunReport:
         return len(self.broker_dropped_task_ids)
 
     @property
+    def unchecked(self) -> int:
+        """Records missing or contradicting the protocol: tasks that ran without an ``enter``,
+        sections of finished tasks left open, malformed events. Each hides what the replay
+        should have compared, so any of them fails the verdict."""
+        return self.ran_without_section + self.unexplained_open_sections + len(self.malformed)
+
+    @property
     def ok(self) -> bool:
         return (
             self.violations == 0
             and self.stale_writes_accepted == 0
             and self.lost == 0
             and self.leftover_nodes == 0
+            and self.unchecked == 0
         )
 
     def report_line(self) -> str:
-        return (
+        """The one-line verdict; the counts of what went unchecked are appended only when
+        there are some (the line of a clean run keeps its form)."""
+        line = (
             f"zklock-report: tasks={self.tasks} ran={self.ran} skipped={self.skipped} "
             f"failed={self.failed} lost={self.lost} violations={self.violations} "
             f"stale_writes_accepted={self.stale_writes_accepted} "
             f"leftover_nodes={self.leftover_nodes} broker_dropped={self.broker_dropped}"
         )
+        if self.unchecked:
+            line += (
+                f" ran_without_section={self.ran_without_section} "
+                f"unexplained_open_sections={self.unexplained_open_sections} "
+                f"malformed={len(self.malformed)}"
+            )
+        return line
 
     def to_json(self) -> dict[str, Any]:
         """Every field, plus ``ok`` and ``report_line``, as JSON-safe values only (str keys,
@@ -179,6 +202,7 @@ class RunReport:
         data: dict[str, Any] = _plain(asdict(self))
         data["ok"] = self.ok
         data["broker_dropped"] = self.broker_dropped
+        data["unchecked"] = self.unchecked
         data["report_line"] = self.report_line()
         return data
 
@@ -400,6 +424,12 @@ def check_run(
         revocations=len(replay.lost_exit_times),
         killed_sections=sum(s.end == "killed" for s in replay.sections.values()),
         open_sections=sum(s.end is None for s in replay.sections.values()),
+        unexplained_open_sections=sum(
+            s.end is None
+            and (o := outcomes.get(s.enter.task_id)) is not None
+            and o.state in FINAL_STATES
+            for s in replay.sections.values()
+        ),
         writes_accepted=replay.accepted,
         writes_refused=len(replay.refused_times),
         ran_without_section=sum(1 for t in tally.ran if t not in replay.first_enter),
@@ -522,6 +552,11 @@ def _summary(report: RunReport) -> list[str]:
     lines.append(
         f"sections: {len(r.hold_seconds)} exited, {r.revocations} of them after losing the lock; "
         f"{r.killed_sections} killed, {r.open_sections} never closed"
+        + (
+            f" ({r.unexplained_open_sections} of them of tasks that ended: records missing)"
+            if r.unexplained_open_sections
+            else ""
+        )
     )
     lines.append(
         f"mutual exclusion: {r.violations} violations; {r.revoked_overlaps} revoked overlaps "

@@ -428,6 +428,39 @@ def test_every_task_is_counted_exactly_once() -> None:
     )
 
 
+def test_what_went_unchecked_fails_the_verdict_and_shows_in_the_report_line() -> None:
+    clean = [*section("a", 1)]
+    # b ran (SUCCESS) without any record: nothing of it was compared with anyone.
+    report = check(clean, outcomes={"b": TaskOutcome("b", "SUCCESS")})
+    assert (report.ran, report.ran_without_section, report.unchecked) == (2, 1, 1)
+    assert not report.ok
+    assert report.report_line().endswith(
+        "broker_dropped=0 ran_without_section=1 unexplained_open_sections=0 malformed=0"
+    )
+    assert report.to_json()["unchecked"] == 1
+    # c ended SUCCESS but its section never exited: its end went unchecked.
+    report = check([*clean, ev("enter", "c", token=2, time=1.0)])
+    assert (report.open_sections, report.unexplained_open_sections) == (1, 1) and not report.ok
+    assert "unexplained_open_sections=1" in report.report_line()
+    # An exit without an enter contradicts the protocol.
+    report = check([*clean, ev("exit", "d", token=3, outcome="ok")])
+    assert len(report.malformed) == 1 and not report.ok
+    assert report.report_line().endswith("malformed=1")
+    # An open section of a task without a final state is what ``lost`` reports; a section
+    # closed by its process's kill is not open: neither is unchecked.
+    killed_then_redone = [
+        ev("enter", "e", token=4, hostname=HOST, pid=41),
+        killed(pid=41),
+        ev("enter", "e", token=5, hostname=HOST, pid=42),
+        ev("exit", "e", token=5, outcome="ok", hostname=HOST, pid=42),
+    ]
+    report = check([*clean, *killed_then_redone])
+    assert report.unchecked == 0 and report.ok and report.killed_sections == 1
+    assert "ran_without_section" not in report.report_line()  # a clean line keeps its form
+    report = check([*clean, ev("enter", "f", token=6)], outcomes={"f": TaskOutcome("f", "STARTED")})
+    assert (report.open_sections, report.unchecked, report.lost) == (1, 0, 1)
+
+
 def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restarted() -> None:
     events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
     submitted = {"ran": 0.0, "dropped": 0.5, "started": 0.6}
