@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,3 +99,19 @@ def task_client(task: Any) -> KazooClient:
     from celery_zklock.session import get_client
 
     return get_client(settings_of(task.app).client)
+
+
+def in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``target()`` in a daemon thread; the dict gets its ``"value"`` or its ``"error"``
+    (any exception, for the test to inspect)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = target()
+        except BaseException as exc:  # the test inspects it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome

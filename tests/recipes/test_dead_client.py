@@ -20,7 +20,7 @@ from kazoo.protocol.states import KazooState
 from celery_zklock import Mutex, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import children, wait_for
+from tests.lockutil import children, in_thread, wait_for
 
 
 @pytest.fixture
@@ -37,20 +37,6 @@ def proxied_finite_retry(zk_client: KazooClient) -> Iterator[tuple[KazooClient, 
         finally:
             client.stop()
             client.close()
-
-
-def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = target()
-        except BaseException as exc:  # the test inspects it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def _watched(client: KazooClient, node: str) -> bool:
@@ -72,14 +58,14 @@ def test_a_blocking_acquire_on_a_client_that_gave_up_fails(
     Mutex(client, f"{lock_root}/warm").acquire(timeout=5).release()  # timeout known
     try:
         if when == "parked-waiter":
-            thread, outcome = _in_thread(lambda: Mutex(client, path).acquire())
+            thread, outcome = in_thread(lambda: Mutex(client, path).acquire())
             wait_for(lambda: _watched(client, holder.node), 10, "the waiter to watch the holder")
         proxy.refuse = True
         proxy.cut()
         assert client._connection.connection_stopped.wait(30), "kazoo did not give up"
         assert client.state == KazooState.LOST and not client._stopped.is_set()
         if when == "new-acquire":
-            thread, outcome = _in_thread(lambda: Mutex(client, path).acquire())
+            thread, outcome = in_thread(lambda: Mutex(client, path).acquire())
         thread.join(10)
         assert not thread.is_alive(), "acquire() still blocked 10 s after kazoo gave up for good"
         error = outcome.get("error")
@@ -118,7 +104,7 @@ def test_a_waiter_outlives_a_reconnect_within_the_retry_policy(
         path = f"{lock_root}/k"
         holder = Mutex(zk_client, path).acquire(timeout=5)
         try:
-            thread, outcome = _in_thread(lambda: Mutex(client, path).acquire(timeout=60))
+            thread, outcome = in_thread(lambda: Mutex(client, path).acquire(timeout=60))
             wait_for(lambda: _watched(client, holder.node), 10, "the waiter to watch the holder")
             proxy.refuse = True
             proxy.cut()
@@ -160,7 +146,7 @@ def test_a_client_still_starting_is_not_taken_for_one_that_gave_up(
         client.start_async()
         assert client._connection.connection_stopped.is_set()  # the loop has not begun
         assert not adapter.connection_gave_up(client)
-        thread, outcome = _in_thread(lambda: Mutex(client, f"{lock_root}/k").acquire(timeout=10))
+        thread, outcome = in_thread(lambda: Mutex(client, f"{lock_root}/k").acquire(timeout=10))
         started.set()
         thread.join(20)
         lease = outcome.get("value")

@@ -17,7 +17,7 @@ from kazoo.protocol.states import KazooState
 
 from celery_zklock import Mutex
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import expire_session_id, wait_for
+from tests.lockutil import expire_session_id, in_thread, wait_for
 
 
 class ExpireBeforeWatch(KazooClient):
@@ -67,20 +67,6 @@ def waiter_client(zk_client: KazooClient) -> Iterator[ExpireBeforeWatch]:
             client.close()
 
 
-def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = target()
-        except BaseException as exc:  # the test inspects it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
 def test_an_expiry_met_by_the_watch_starts_the_acquire_over(
     zk_client: KazooClient, waiter_client: ExpireBeforeWatch, lock_root: str
 ) -> None:
@@ -91,7 +77,7 @@ def test_an_expiry_met_by_the_watch_starts_the_acquire_over(
     try:
         old_session = waiter_client.client_id[0]
         waiter_client.armed.set()
-        thread, outcome = _in_thread(lambda: Mutex(waiter_client, path).acquire(timeout=60))
+        thread, outcome = in_thread(lambda: Mutex(waiter_client, path).acquire(timeout=60))
         assert waiter_client.fired.wait(20), "the waiter never watched the holder"
         # The failed exists registered no watcher, and the expiry drops kazoo's watchers: a
         # watcher on the holder's node now is a new attempt's.

@@ -22,7 +22,7 @@ from kazoo.security import make_acl
 
 from celery_zklock import LockTimeout, Mutex, ZooKeeperUnavailable
 from celery_zklock.testing.proxy import TcpProxy
-from tests.lockutil import children, wait_for
+from tests.lockutil import children, in_thread, wait_for
 
 
 @pytest.fixture
@@ -37,20 +37,6 @@ def proxied(zk_client: KazooClient) -> Iterator[tuple[KazooClient, TcpProxy]]:
         finally:
             client.stop()
             client.close()
-
-
-def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = target()
-        except BaseException as exc:  # the test inspects it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
 
 
 def test_a_grant_seen_just_before_a_disconnect_is_kept(
@@ -68,7 +54,7 @@ def test_a_grant_seen_just_before_a_disconnect_is_kept(
     client, proxy = proxied
     path = f"{lock_root}/k"
     holder = Mutex(zk_client, path).acquire(timeout=5)
-    between, _ = _in_thread(lambda: Mutex(other_client, path).acquire(timeout=8).release())
+    between, _ = in_thread(lambda: Mutex(other_client, path).acquire(timeout=8).release())
     wait_for(lambda: len(children(zk_client, path)) == 2, 5, "the contender's node")
     original = client.get_children_async
     armed = threading.Event()
@@ -87,7 +73,7 @@ def test_a_grant_seen_just_before_a_disconnect_is_kept(
         return result
 
     client.get_children_async = listing_then_drop  # type: ignore[method-assign]
-    thread, outcome = _in_thread(lambda: Mutex(client, path).acquire(timeout=8))
+    thread, outcome = in_thread(lambda: Mutex(client, path).acquire(timeout=8))
     wait_for(lambda: len(children(zk_client, path)) == 3, 5, "the waiter's node")
     armed.set()
     holder.release()
@@ -111,7 +97,7 @@ def test_d_an_ambiguous_delete_at_release_is_a_release(
     path = f"{lock_root}/k"
     lease = Mutex(client, path).acquire(timeout=5)
     proxy.drop_responses = True
-    thread, outcome = _in_thread(lease.release)
+    thread, outcome = in_thread(lease.release)
     wait_for(lambda: children(zk_client, path) == [], 5, "the delete to run on the server")
     proxy.drop_responses = False
     proxy.cut()
@@ -128,7 +114,7 @@ def test_g_a_stopped_client_fails_at_once(zk_hosts: str, lock_root: str, started
     if started:
         client.start(timeout=15)
         client.stop()
-    thread, outcome = _in_thread(lambda: Mutex(client, f"{lock_root}/k").acquire())
+    thread, outcome = in_thread(lambda: Mutex(client, f"{lock_root}/k").acquire())
     thread.join(5)
     assert not thread.is_alive(), "acquire on a stopped client hangs"
     error = outcome.get("error")
@@ -228,7 +214,7 @@ def test_k_timeout_zero_grants_a_free_lock(zk_client: KazooClient, lock_root: st
 
 
 def _other_thread(target: Any) -> Any:
-    thread, outcome = _in_thread(target)
+    thread, outcome = in_thread(target)
     thread.join(10)
     if "error" in outcome:
         raise outcome["error"]
@@ -260,7 +246,7 @@ def test_k_an_outage_during_a_wait_is_not_a_lock_timeout(
     path = f"{lock_root}/k"
     holder = Mutex(zk_client, path).acquire(timeout=5)
     try:
-        thread, outcome = _in_thread(lambda: Mutex(client, path).acquire(timeout=3))
+        thread, outcome = in_thread(lambda: Mutex(client, path).acquire(timeout=3))
         wait_for(lambda: len(children(zk_client, path)) == 2, 5, "the waiter's node")
         proxy.refuse = True
         proxy.cut()
