@@ -277,6 +277,9 @@ class _Replay:
     kill_times: list[tuple[float, int]] = field(default_factory=list)
     refused_times: list[float] = field(default_factory=list)
     accepted: int = 0
+    writing_known: dict[str, int | None] = field(default_factory=dict)
+    """Holder -> highest accepted token of its key among writes recorded before its
+    ``writing`` event (None: none yet), for holders that recorded one."""
 
     def feed(self, position: int, event: SectionEvent) -> None:
         if event.kind == "killed":
@@ -290,6 +293,8 @@ class _Replay:
             self._enter(position, event)
         elif event.kind == "exit":
             self._exit(position, event)
+        elif event.kind == "writing":
+            self.writing_known[event.holder] = self.highest_accepted.get(event.key)
         else:
             self._write(event)
 
@@ -341,7 +346,11 @@ class _Replay:
         self.accepted += 1
         section = self.sections.get(event.holder)
         known = section.known_token if section is not None else None
-        bounds = [b for b in (event.previous_token, known) if b is not None]
+        # The fence's own answer, the writes recorded before the section entered, and (in
+        # records that have it) those recorded before the write was sent: each reached the
+        # fence before this write did, so a lower token is stale whatever the fence said.
+        writing = self.writing_known.get(event.holder)
+        bounds = [b for b in (event.previous_token, known, writing) if b is not None]
         if any(event.token < bound for bound in bounds):
             self.stale.append(event)
         self.highest_accepted[event.key] = max(

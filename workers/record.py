@@ -1,11 +1,11 @@
 """What a fleet run leaves in Redis: its section events and its fault records.
 
-A locked task appends ``enter`` once granted, ``write`` after its fenced write and ``exit``
-before it releases; a fault injector appends ``killed``, ``paused`` or ``expired`` for a process
-it took the leases of. Each is one ``RPUSH`` of a JSON :class:`SectionEvent` to
-``zklock:run:<run_id>:events``, so the list is one total order, whatever host or clock wrote it:
-:mod:`workers.checker` replays it. :class:`FaultLog` keeps the injector's :class:`FaultRecord`
-list in ``zklock:run:<run_id>:faults``.
+A locked task appends ``enter`` once granted, ``writing`` just before its fenced write,
+``write`` after it and ``exit`` before it releases; a fault injector appends ``killed``,
+``paused`` or ``expired`` for a process it took the leases of. Each is one ``RPUSH`` of a JSON
+:class:`SectionEvent` to ``zklock:run:<run_id>:events``, so the list is one total order,
+whatever host or clock wrote it: :mod:`workers.checker` replays it. :class:`FaultLog` keeps the
+injector's :class:`FaultRecord` list in ``zklock:run:<run_id>:faults``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 Mode = Literal["exclusive", "shared"]
-EventKind = Literal["enter", "write", "exit", "killed", "paused", "expired", "survived"]
+EventKind = Literal["enter", "writing", "write", "exit", "killed", "paused", "expired", "survived"]
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
 FAULT_KINDS: Final = (
@@ -76,7 +76,10 @@ class SectionEvent:
     ``token`` (the fencing token) is unique per lock acquisition, so ``(task_id, token)``
     identifies a section even when a message is delivered twice. ``time`` is the wall clock
     (``time.time()``) of whoever recorded the event, used only for durations; the order of events
-    is the list's. ``accepted`` and ``previous_token`` are set on ``write`` events only.
+    is the list's. ``accepted`` and ``previous_token`` are set on ``write`` events only. A
+    ``writing`` event (same fields as the ``enter``) is recorded just before the fenced write is
+    sent, so every write recorded before it reached the fence first (records made before it
+    existed have none).
     ``outcome`` is set on ``exit`` events: ``"ok"``, ``"lost"`` (the body stopped with
     ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
 

@@ -2,10 +2,11 @@
 
 Both tasks share one lock name (:data:`LOCK_NAME`) and ``lock_key=["key"]``, so for one key the
 exclusive task takes the write side and the shared task the read side of the same read-write
-lock. A section (:func:`run_section`) records ``enter``, holds, writes through the run's fence,
-and records ``exit``; the write comes last on purpose (``docs/fleet.md``). Records go to the
-Redis at the app setting ``fleet_record_url``. A section planted by a fault injector is given a
-``release_key``: the hold ends early once that Redis key exists.
+lock. A section (:func:`run_section`) records ``enter``, holds, records ``writing``, writes
+through the run's fence, records the write, and records ``exit``; the write comes last on
+purpose (``docs/fleet.md``). Records go to the Redis at the app setting ``fleet_record_url``. A
+section planted by a fault injector is given a ``release_key``: the hold ends early once that
+Redis key exists.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def run_section(
     try:
         _hold(task, hold_ms / 1000.0, None if release_key is None else _flag(client, release_key))
         value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
+        # Recorded before the write is sent: every write recorded before this reached the fence
+        # before ours, which lets the checker bound our token without trusting the fence.
+        recorder.record(replace(enter, kind="writing", time=time.time()))
         written = fence.write(key, lease.token, value)
         recorder.record(
             replace(

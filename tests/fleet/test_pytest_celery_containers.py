@@ -86,8 +86,8 @@ def test_two_calls_for_one_key_hold_the_lock_in_turn(
     finally:
         records.close()
     # One list, one total order: each section ends before the next one starts.
-    assert [event.kind for event in events] == ["enter", "write", "exit"] * 2, events
-    first, second = events[:3], events[3:]
+    assert [event.kind for event in events] == ["enter", "writing", "write", "exit"] * 2, events
+    first, second = events[:4], events[4:]
     assert {event.task_id for event in first} | {event.task_id for event in second} == {
         result.id for result in sent
     }

@@ -371,6 +371,51 @@ def test_a_write_accepted_below_an_earlier_recorded_write_is_stale() -> None:
     assert "stale_writes_accepted=1" in report.report_line()
 
 
+def test_a_write_accepted_below_a_write_recorded_before_it_was_sent_is_stale() -> None:
+    # a (token 10) entered first and was paused before its write; b (token 20) entered, wrote
+    # and was accepted. a resumes: its `writing` record comes after b's accepted write, so b's
+    # write reached the fence first, and the fence accepting token 10 while reporting no
+    # previous token (a fence that forgot k) must not be taken at its word.
+    events = [
+        ev("enter", "a", token=10, time=0.0),
+        forced("paused", at=0.1),
+        ev("enter", "b", token=20, time=3.0),
+        ev("writing", "b", token=20, time=3.1),
+        ev("write", "b", token=20, accepted=True, previous_token=None, time=3.1),
+        ev("exit", "b", token=20, outcome="ok", time=3.2),
+        ev("writing", "a", token=10, time=5.0),
+        ev("write", "a", token=10, accepted=True, previous_token=None, time=5.0),
+        ev("exit", "a", token=10, outcome="ok", time=5.1),
+    ]
+    # a's release then found its lease gone: b's entry is a revoked overlap, not a violation.
+    outcomes = {"a": TaskOutcome("a", "FAILURE", reason="LockLost: lost")}
+    report = check(events, outcomes=outcomes)
+    assert report.violations == 0 and report.revoked_overlaps == 1
+    assert report.stale_writes_accepted == 1 and not report.ok
+    assert [e.holder for e in report.stale_writes] == ["a#10"]
+    # Without the `writing` records (older histories) the checker can only go by the writes
+    # recorded before a entered, and there were none: as before, it is not flagged.
+    old = check([e for e in events if e.kind != "writing"], outcomes=outcomes)
+    assert old.stale_writes_accepted == 0 and old.ok
+
+
+def test_concurrent_readers_writing_out_of_record_order_are_not_stale() -> None:
+    # r1 announced its write before r2's accepted write was recorded: the fence may have taken
+    # r1's first (it did: it reports no previous token), so r1's lower token is no evidence.
+    events = [
+        ev("enter", "r1", "shared", 5),
+        ev("enter", "r2", "shared", 6),
+        ev("writing", "r1", "shared", 5),
+        ev("writing", "r2", "shared", 6),
+        ev("write", "r2", "shared", 6, accepted=True, previous_token=5),
+        ev("write", "r1", "shared", 5, accepted=True, previous_token=None),
+        ev("exit", "r1", "shared", 5, outcome="ok"),
+        ev("exit", "r2", "shared", 6, outcome="ok"),
+    ]
+    report = check(events)
+    assert report.stale_writes_accepted == 0 and report.ok and report.writes_accepted == 2
+
+
 def test_concurrent_readers_recording_writes_out_of_fence_order_are_not_stale() -> None:
     # The fence took r1's write (token 5) then r2's (token 6); r2 recorded first.
     events = [
@@ -669,6 +714,8 @@ def test_run_section_records_a_lost_lease_and_its_successor_is_fenced(
     events = recorder.events()
     a_events = [e for e in events if e.task_id == "a"]
     assert [e.kind for e in a_events] == ["enter", "exit"]  # no write after the loss
+    b_events = [e for e in events if e.task_id == "b"]
+    assert [e.kind for e in b_events] == ["enter", "writing", "write", "exit"]
     assert a_events[-1].outcome == "lost"
     # A resuming and writing now would be refused: B's token is higher.
     fence = RedisFence(redis_client, fence_namespace(run_id))
