@@ -10,6 +10,7 @@ stale and how tasks are counted: ``docs/fleet.md``, "The verdict".
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -154,9 +155,9 @@ class RunReport:
     section a fault planted)."""
     broker_dropped_task_ids: tuple[str, ...] = ()
     """Tasks with no final state that never started and whose message the broker no longer
-    held, in a run where the broker was restarted: dropped by the broker's transport before any
-    worker ran them (:mod:`workers.whereabouts`). Not counted in ``lost``; without a broker
-    restart in the run such tasks count as lost."""
+    held, submitted before the end of a broker restart of the run: dropped by the broker's
+    transport before any worker ran them (:mod:`workers.whereabouts`). Not counted in ``lost``;
+    such a task submitted after the last restart was over, or in a run without one, is lost."""
 
     @property
     def broker_dropped(self) -> int:
@@ -378,7 +379,8 @@ def check_run(
     run's event list in Redis order; ``faults`` what the fault injector did; ``leftover_nodes``
     the znodes left under the lock root after the run; ``never_delivered`` the tasks without a
     final state that never started and whose message is not in the broker (counted as
-    ``broker_dropped`` when a ``redis_restart`` fault ran, else as lost).
+    ``broker_dropped`` when submitted no later than the end of a ``redis_restart`` fault that
+    ran, else as lost).
     """
     replay = _Replay()
     for position, event in enumerate(events):
@@ -414,10 +416,15 @@ def check_run(
         for position, section, inside in replay.raw_overlaps
     )
     tally = _tally(submitted, outcomes)
+    restarts_end = max(
+        (_restart_end(f) for f in faults if f.kind == "redis_restart" and f.ran), default=None
+    )
     dropped: tuple[str, ...] = ()
-    if any(f.kind == "redis_restart" and f.ran for f in faults):
-        dropped = tuple(t for t in tally.lost if t in never_delivered)
-        tally.lost = [t for t in tally.lost if t not in never_delivered]
+    if restarts_end is not None:
+        dropped = tuple(
+            t for t in tally.lost if t in never_delivered and submitted[t] <= restarts_end
+        )
+        tally.lost = [t for t in tally.lost if t not in dropped]
     start = min(submitted.values(), default=min((e.time for e in events), default=0.0))
     return RunReport(
         tasks=len(submitted),
@@ -464,6 +471,18 @@ def check_run(
 
 
 # -------------------------------------------------------------------------------- accounting
+
+
+_DOWN = re.compile(r"\bdown (\d+(?:\.\d+)?) s\b")
+
+
+def _restart_end(fault: FaultRecord) -> float:
+    """When a broker restart was over: its ``ended`` time; in records without one, its start
+    plus the downtime its detail gives (``down N s``), else its start."""
+    if fault.ended is not None:
+        return fault.ended
+    down = _DOWN.search(fault.detail)
+    return fault.time + (float(down.group(1)) if down else 0.0)
 
 
 @dataclass

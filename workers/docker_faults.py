@@ -235,11 +235,12 @@ class DockerFaultInjector(FaultInjector):
         finally:
             client.close()
         down = time.monotonic() - started
+        ended = time.time()
         if not answered:
             raise _NotRun(f"the broker did not answer {SERVE_TIMEOUT:g} s after docker start")
         detail = f"docker kill and docker start of the broker's container; down {down:.2f} s"
         return FaultRecord(
-            "redis_restart", killed_at, f"broker Redis ({container.name})", True, detail
+            "redis_restart", killed_at, f"broker Redis ({container.name})", True, detail, ended
         )
 
     def _blackhole(self) -> FaultRecord:

@@ -671,8 +671,11 @@ class FaultInjector:
         port = broker.port
         killed_at = time.time()
         down = broker.restart()
+        ended = time.time()
         detail = f"SIGKILL and restart of the broker Redis; down {down:.2f} s"
-        return FaultRecord("redis_restart", killed_at, f"broker Redis on port {port}", True, detail)
+        return FaultRecord(
+            "redis_restart", killed_at, f"broker Redis on port {port}", True, detail, ended
+        )
 
     # -- planted sections ---------------------------------------------------------------
     def _local_ensemble(self) -> ZooKeeperEnsemble:

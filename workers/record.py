@@ -258,6 +258,8 @@ class FaultRecord:
     ``kind`` is one of :data:`FAULT_KINDS`; ``time`` the injector's wall clock when it acted;
     ``target`` what it acted on (a worker, a ZooKeeper node, Redis); ``ran`` whether the fault
     really happened (False: it could not be injected, ``detail`` says why); ``detail`` free text.
+    ``ended``: the same clock when the fault was over, for a ``redis_restart`` once the broker
+    served again (None when not recorded, and in records made before it existed).
     """
 
     kind: str
@@ -265,13 +267,18 @@ class FaultRecord:
     target: str
     ran: bool
     detail: str
+    ended: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {self.kind!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """Compact JSON; ``ended`` is left out when unset, so older readers still parse it."""
+        data = asdict(self)
+        if data["ended"] is None:
+            del data["ended"]
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> FaultRecord:

@@ -547,6 +547,7 @@ def test_broker_restart_under_running_and_queued_tasks_loses_nothing(stack: Stac
     record = _inject(stack, run_id, "redis_restart")
 
     assert record.ran and "down" in record.detail, record
+    assert record.ended is not None and record.ended >= record.time, record
     # A worker whose broker connection broke under a running task may crash (a kombu bug) a
     # moment later: the fleet restarts it, as a load test run does, until every task is done.
     sent = [*running, queued]

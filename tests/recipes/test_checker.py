@@ -535,6 +535,36 @@ def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restart
         assert calm.lost_task_ids == ("dropped", "started") and calm.broker_dropped == 0
 
 
+def test_only_a_task_submitted_before_a_broker_restart_ended_counts_as_dropped() -> None:
+    # The restart ran from t=100 to t=100.5; "during" was submitted while it ran, "after" 30 s
+    # after it was over: nothing of that restart can have dropped "after"'s message.
+    events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
+    submitted = {"ran": 0.0, "before": 50.0, "during": 100.3, "after": 130.0}
+    gone = {"before", "during", "after"}
+
+    def run(restart: FaultRecord) -> RunReport:
+        return check_run(
+            submitted=submitted,
+            outcomes={"ran": TaskOutcome("ran", "SUCCESS")},
+            events=events,
+            faults=[restart],
+            leftover_nodes=0,
+            never_delivered=gone,
+        )
+
+    restart = FaultRecord("redis_restart", 100.0, "broker", True, "down 0.50 s", ended=100.5)
+    report = run(restart)
+    assert report.broker_dropped_task_ids == ("before", "during")
+    assert report.lost_task_ids == ("after",) and report.lost == 1 and not report.ok
+    # A record without ``ended`` (older runs) ends at its start plus the downtime it states.
+    old = run(FaultRecord("redis_restart", 100.0, "broker", True, "SIGKILL; down 0.20 s"))
+    assert old.broker_dropped_task_ids == ("before",)
+    assert old.lost_task_ids == ("during", "after")
+    # ``ended`` survives the round trip through Redis's JSON, and is left out when unset.
+    assert FaultRecord.from_json(restart.to_json()) == restart
+    assert "ended" not in FaultRecord("kill", 1.0, "w", True, "SIGKILL").to_json()
+
+
 def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
     faults = [
         FaultRecord("pause", 10.0, "w1 pid 41", True, "SIGSTOP 12 s"),
