@@ -135,7 +135,7 @@ class LockedRun:
         try:
             return self._run(client, body)
         except Retry:
-            keep_marker = True  # the retry's message carries this task id: the marker stays its
+            keep_marker = True  # the retry's message carries this task id: the marker is its own
             raise
         except delivery.DuplicateDelivery:
             keep_marker = True  # the marker names this task id, but the original's run owns it

@@ -193,12 +193,13 @@ class ZkLockTask(Task):  # type: ignore[misc]
         request = self.request
         ahead: LockedRun | None = getattr(request, _RUN_AHEAD, None)  # made at task_prerun
         try:  # from here its node is removed on the way out; before, task_postrun removes it
+            run = ahead
             if ahead is not None:
                 setattr(request, _RUN_AHEAD, None)  # a call nested in the body makes its own
                 if ahead.call != (args, kwargs):  # a subclass changed the arguments
                     ahead.drop_sent_ahead()
-            run = ahead
-            if run is None or run.call != (args, kwargs):
+                    run = None
+            if run is None:
                 run = LockedRun(self, self._zklock_compile(self.name), args, kwargs)
             return run.run(functools.partial(super().__call__, *args, **kwargs))
         finally:
