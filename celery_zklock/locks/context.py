@@ -86,6 +86,10 @@ class Timed(Protocol):
 
     def mark_lost(self, reason: str) -> None: ...
 
+    def record_lost(self, reason: str) -> list[Any] | None: ...
+
+    def tell_lost(self, reason: str, callbacks: list[Any] | None) -> None: ...
+
 
 class ClientContext:
     """Everything the locks of one kazoo client share; see the module docstring."""
@@ -390,11 +394,15 @@ class ClientContext:
                 if (only_session is None or held.session_id == only_session)
                 and (except_session is None or held.session_id != except_session)
             ]
+            told = []
             for held in victims:
                 self._timed.discard(held)
                 self._unwatched.pop(held, None)
-        for held in victims:
-            held.mark_lost(reason)
+                # Recorded before the lock is let go: a reader that then finds the lease gone
+                # from _timed (Lease.lost's own look at the clock) sees it lost, not still held.
+                told.append((held, held.record_lost(reason)))
+        for held, callbacks in told:
+            held.tell_lost(reason, callbacks)
 
     # -- break requests -------------------------------------------------------------------
     def _watch_for_breaks(self, client: KazooClient, now: float, timing: LeaseTiming) -> None:
@@ -482,10 +490,12 @@ class ClientContext:
         every other loss the clock declares)."""
         with self.lock:
             breaks, self._breaks = self._breaks, {}
-            for held in breaks:
+            told = []
+            for held, reason in breaks.items():
                 self._timed.discard(held)
-        for held, reason in breaks.items():
-            held.mark_lost(reason)
+                told.append((held, reason, held.record_lost(reason)))
+        for held, reason, callbacks in told:
+            held.tell_lost(reason, callbacks)
 
     # -- kazoo's states -------------------------------------------------------------------
     def _on_state(self, state: str) -> bool:

@@ -118,11 +118,23 @@ class Hold:
 
     def mark_lost(self, reason: str) -> None:
         """Record that the lock may be held by someone else now; run the lost callbacks once."""
+        self.tell_lost(reason, self.record_lost(reason))
+
+    def record_lost(self, reason: str) -> list[LostCallback] | None:
+        """Record the loss (the first reason stays) and return the callbacks to run, None if it
+        was recorded before. Runs no callback, so the clock may call it under its own lock: the
+        loss is then recorded before any other thread can find the lease gone from the clock."""
         with self._lock:
             if self.lost_reason is not None:
-                return
+                return None
             self.lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+    def tell_lost(self, reason: str, callbacks: list[LostCallback] | None) -> None:
+        """Log the loss and run ``callbacks`` from :meth:`record_lost` (None: nothing to do)."""
+        if callbacks is None:
+            return
         logger.warning("lock %s lost (token %d): %s", self.node, self.token, reason)
         for callback in callbacks:
             try:
