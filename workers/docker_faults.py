@@ -249,6 +249,9 @@ class DockerFaultInjector(FaultInjector):
     def _follower_partition(self) -> FaultRecord:
         raise _Unavailable("not injected through Docker (local runs only: iptables on the host)")
 
+    def _stall_before_write(self) -> FaultRecord:
+        raise _Unavailable("not injected through Docker (local runs only: a planted section)")
+
 
 def _pings(client: redis.Redis) -> bool:
     try:

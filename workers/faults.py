@@ -237,6 +237,8 @@ class OpenSections:
         """Task id -> its latest ``enter`` event read so far."""
         self.exited: dict[str, SectionEvent] = {}
         """Holder (``task_id#token``) -> its ``exit`` event, for those read so far."""
+        self.writes: dict[tuple[str, str], SectionEvent] = {}
+        """``(holder, kind)`` -> its latest ``writing`` or ``write`` event read so far."""
 
     def refresh(self) -> list[SectionEvent]:
         """The open sections' ``enter`` events, oldest first."""
@@ -251,6 +253,8 @@ class OpenSections:
             elif event.kind == "exit":
                 self._open.pop(event.holder, None)
                 self.exited[event.holder] = event
+            elif event.kind in ("writing", "write"):
+                self.writes[(event.holder, event.kind)] = event
             elif event.kind == "killed":
                 for holder, entered in list(self._open.items()):
                     if (entered.hostname, entered.pid) == (event.hostname, event.pid):
@@ -602,6 +606,104 @@ class FaultInjector:
         )
         return FaultRecord("expire", expired_at, target.describe(), True, detail)
 
+    def _stall_before_write(self) -> FaultRecord:
+        fleet = self._local_fleet()
+        running = [w for w in fleet if w.is_running() and not w.spec.queues]
+        if len(running) < 2:
+            raise _NotRun("needs two running workers: one for the holder, one for its successor")
+        # A pool process stops alone; a main process (threads, solo) would stop the worker's
+        # other sections with it.
+        pool_processes = [w for w in running if w.spec.pool == "prefork"]
+        worker = self._rng.choice(pool_processes or running)
+        with self._planted_holder(worker, "stall_before_write", stallable=True) as target:
+            return self._stalled(target)
+
+    def _stalled(self, target: _Target) -> FaultRecord:
+        """Queue a successor behind ``target``, make it stop itself right before its write,
+        keep it stopped until its session expired and the successor wrote, then resume it
+        and see what the fence made of its write."""
+        holder, pid, hostname = target.event.holder, target.event.pid, target.event.hostname
+        waiter, misses = self._queue_waiter(target)
+        if waiter is None:
+            raise _NotRun("no successor could be queued (" + "; ".join(misses) + ")")
+        stall_key = self._stall_key(target.event.key)
+
+        def unstall() -> None:  # a holder not stopped yet must not stop once we are gone
+            self.env.records.delete(stall_key)
+            _resume(pid)
+
+        acted_at = time.time()
+        started = time.monotonic()
+        with self._undo_on_exit(unstall):
+            self.env.records.set(stall_key, "1", ex=3600)
+            self.env.records.set(self._release_key(target.event.key), "1", ex=3600)
+            writing = self._wait_write_event(holder, "writing", QUEUE_TIMEOUT)
+            if writing is None:
+                raise _NotRun(f"the holder did not reach its write within {QUEUE_TIMEOUT:g} s")
+            if not _wait_for(lambda: _stopped(pid), QUEUE_TIMEOUT):
+                raise _NotRun(f"the holder did not stop itself within {QUEUE_TIMEOUT:g} s")
+            # Stamped with the holder's own clock just before it stopped (its `writing` event):
+            # the checker's pause rule then excuses only a successor granted once the session
+            # can be gone, as for `pause`.
+            self._recorder.record_forced_loss(
+                "paused", hostname, pid, writing.time, session_timeout=self.env.session_timeout
+            )
+            gone = self._wait_node_gone(target.event.node, self._expiry_deadline())
+            if gone is None:  # resumed with its session: the pause excuses nothing
+                unstall()
+                self._recorder.record_survived(hostname, pid, time.time())
+                raise _NotRun(
+                    f"the holder's session outlived a stop of {time.monotonic() - started:.1f} s"
+                )
+            entered = self._wait_entered(waiter.task_id, WAITER_ENTRY_TIMEOUT)
+            successor = (
+                None
+                if entered is None
+                else self._wait_write_event(
+                    entered.holder, "write", WAITER_ENTRY_TIMEOUT + WAITER_HOLD_MS / 1000
+                )
+            )
+            unstall()
+        stopped = time.monotonic() - started
+        own = self._wait_write_event(holder, "write", QUEUE_TIMEOUT)
+        if successor is None:
+            then = f"the successor in {waiter.worker.label} did not write within the wait"
+        else:
+            then = (
+                f"the successor in {waiter.worker.label} (token {successor.token}) entered and "
+                f"wrote ({'accepted' if successor.accepted else 'refused'})"
+            )
+        if own is None:
+            wrote = f"its write was not recorded within {QUEUE_TIMEOUT:g} s"
+        elif own.accepted:
+            wrote = f"its write with token {own.token} was ACCEPTED"
+        else:
+            wrote = (
+                f"its write with token {own.token} was refused by the fence (last token "
+                f"{own.previous_token})"
+            )
+        detail = (
+            f"SIGSTOP of the holder by itself between its `writing` event and its fenced write, "
+            f"for {stopped:.1f} s: the server expired its session after {gone:.1f} s and {then}; "
+            f"then SIGCONT: {wrote}"
+        )
+        return FaultRecord("stall_before_write", acted_at, target.describe(), True, detail)
+
+    def _wait_write_event(self, holder: str, kind: str, timeout: float) -> SectionEvent | None:
+        """Holder ``holder``'s ``writing`` or ``write`` event once recorded, or None after
+        ``timeout``."""
+        found: list[SectionEvent] = []
+
+        def recorded() -> bool:
+            self._sections.refresh()
+            event = self._sections.writes.get((holder, kind))
+            if event is not None:
+                found.append(event)
+            return bool(found) or self._stop.is_set()
+
+        _wait_for(recorded, timeout)
+        return found[0] if found else None
+
     def _leader(self) -> FaultRecord:
         ensemble = self._local_ensemble()
         self._under_load()
@@ -694,15 +796,24 @@ class FaultInjector:
         return self.env.fleet
 
     def _send_section(
-        self, worker: FleetWorker, key: str, hold_ms: int, wait: float, release_key: str = ""
+        self,
+        worker: FleetWorker,
+        key: str,
+        hold_ms: int,
+        wait: float,
+        release_key: str = "",
+        stall_key: str = "",
     ) -> str:
         """Send an exclusive section of the run to ``worker``; return its task id."""
+        kwargs = {"release_key": release_key} if release_key else {}
+        if stall_key:
+            kwargs["stall_key"] = stall_key
         result = (
             self._local_fleet()
             .app.tasks[EXCLUSIVE_TASK]
             .apply_async(
                 (self.env.run_id, key, hold_ms),
-                {"release_key": release_key} if release_key else {},
+                kwargs,
                 queue=worker_direct(worker.nodename),
                 zklock={"on_busy": "wait", "timeout": wait},
             )
@@ -723,17 +834,29 @@ class FaultInjector:
         _wait_for(entered, timeout)
         return found[0] if found else None
 
+    def _release_key(self, key: str) -> str:
+        """The Redis key that ends the hold of the section planted on ``key``."""
+        return f"{events_key(self.env.run_id)}:release:{key}"
+
+    def _stall_key(self, key: str) -> str:
+        """The Redis key that makes the section planted on ``key`` stall before its write."""
+        return f"{events_key(self.env.run_id)}:stall:{key}"
+
     @contextmanager
-    def _planted_holder(self, worker: FleetWorker, kind: str) -> Iterator[_Target]:
+    def _planted_holder(
+        self, worker: FleetWorker, kind: str, *, stallable: bool = False
+    ) -> Iterator[_Target]:
         """Plant a long exclusive section on a key of its own in ``worker``; yield it once it
         holds the lock. When the block ends, the section is told to end (it may be over by
-        then: it lost its lock)."""
+        then: it lost its lock). ``stallable``: the section is given its stall key (see
+        :func:`workers.tasks.run_section`)."""
         if not worker.is_running():
             self.revive()  # it died meanwhile (a broker restart can take a worker down)
         key = f"{PLANT_KEY_PREFIX}{kind.replace('_', '-')}-{uuid.uuid4().hex[:8]}"
-        release_key = f"{events_key(self.env.run_id)}:release:{key}"
+        release_key = self._release_key(key)
+        stall_key = self._stall_key(key) if stallable else ""
         hold_ms = math.ceil(2 * self._expiry_deadline() * 1000)
-        task_id = self._send_section(worker, key, hold_ms, QUEUE_TIMEOUT, release_key)
+        task_id = self._send_section(worker, key, hold_ms, QUEUE_TIMEOUT, release_key, stall_key)
         try:
             event = self._wait_entered(task_id, QUEUE_TIMEOUT)
             if event is None:
@@ -996,6 +1119,15 @@ class FaultInjector:
 def _resume(pid: int) -> None:
     with suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
+
+
+def _stopped(pid: int) -> bool:
+    """True if process ``pid`` is stopped (by a signal: state T in ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _heal_member(ensemble: ZooKeeperEnsemble, myid: int) -> None:

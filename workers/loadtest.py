@@ -101,8 +101,11 @@ FAULT_SECONDS: Final[Mapping[str, float]] = {
     "redis_restart": 2.0,
     "blackhole": 4.0,
     "follower_partition": 5.0,
+    "stall_before_write": 3.0,
 }
-WAITS_FOR_EXPIRY: Final = frozenset({"pause", "partition", "blackhole", "follower_partition"})
+WAITS_FOR_EXPIRY: Final = frozenset(
+    {"pause", "partition", "blackhole", "follower_partition", "stall_before_write"}
+)
 NETNS_FAULTS: Final = frozenset({"partition", "blackhole"})
 
 

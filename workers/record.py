@@ -40,6 +40,7 @@ FAULT_KINDS: Final = (
     "redis_restart",
     "blackhole",
     "follower_partition",
+    "stall_before_write",
 )
 FORCED_LOSS_KINDS: Final[tuple[EventKind, ...]] = ("paused", "expired")
 """Event kinds that say a fault took a process's leases away where no holder can see it coming."""

@@ -6,13 +6,16 @@ lock. A section (:func:`run_section`) records ``enter``, holds, records ``writin
 through the run's fence, records the write, and records ``exit``; the write comes last on
 purpose (``docs/fleet.md``). Records go to the Redis at the app setting ``fleet_record_url``. A
 section planted by a fault injector is given a ``release_key``: the hold ends early once that
-Redis key exists.
+Redis key exists; and may be given a ``stall_key``: if that key exists once the hold is over,
+the section stops its own process (SIGSTOP) between its ``writing`` event and the write, for the
+``stall_before_write`` fault (``workers/faults.py``), and sends the write when it runs again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -49,6 +52,8 @@ RECORD_URL_SETTING: Final = "fleet_record_url"
 DEFAULT_WAIT_SECONDS: Final = 30.0
 HOLD_SLICE_SECONDS: Final = 0.02
 RELEASE_POLL_SECONDS: Final = 0.1
+STALL_LOSS_WAIT_SECONDS: Final = 5.0
+"""How long a stalled section, once continued, waits to learn that its lease was lost."""
 
 
 def fence_namespace(run_id: str) -> str:
@@ -63,10 +68,13 @@ def run_section(
     hold_ms: int,
     mode: Mode,
     release_key: str | None = None,
+    stall_key: str | None = None,
 ) -> dict[str, Any]:
     """The body of both tasks; must run inside a locked run (``task.lock`` is the lease).
 
-    With ``release_key``, the hold ends early once that Redis key exists (see the module doc).
+    With ``release_key``, the hold ends early once that Redis key exists; with ``stall_key``,
+    the section stalls before its write if that key exists when the hold is over (see the
+    module doc and :func:`_stall`).
 
     Raises what the section raised (``LockLost`` when the lease was lost during the hold) after
     recording ``exit``; returns the token, whether the fenced write was accepted, and where it ran.
@@ -94,9 +102,11 @@ def run_section(
     try:
         _hold(task, hold_ms / 1000.0, None if release_key is None else _flag(client, release_key))
         value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
+        stall = stall_key is not None and bool(client.exists(stall_key))
         # Recorded before the write is sent: every write recorded before this reached the fence
         # before ours, which lets the checker bound our token without trusting the fence.
         recorder.record(replace(enter, kind="writing", time=time.time()))
+        loss = _stall(task) if stall else None
         written = fence.write(key, lease.token, value)
         recorder.record(
             replace(
@@ -107,6 +117,8 @@ def run_section(
                 previous_token=written.previous_token,
             )
         )
+        if loss is not None:
+            raise loss
     except LockLost:
         outcome = "lost"
         raise
@@ -156,6 +168,30 @@ def _hold(task: ZkLockTask, seconds: float, released: Callable[[], bool] | None 
         time.sleep(min(remaining, HOLD_SLICE_SECONDS))
 
 
+def _stall(task: ZkLockTask) -> LockLost | None:
+    """Stop this process (SIGSTOP) until someone sends SIGCONT; return the loss of the lease
+    learned once running again (None if it is still held after :data:`STALL_LOSS_WAIT_SECONDS`).
+
+    The stop lands between the ``writing`` event and the fenced write: a holder paused after
+    its last look at its lease. Once resumed, the lease clock interrupts the body (the lease's
+    validity ran out while stopped), racing the write; the write must go out whatever wins, as
+    a write already on its way would (the point of the fault: only the fence stands between it
+    and the data). So the loss is taken here, from the interruption or from ``check()`` (which
+    stands the interruption down), and handed back to be raised once the write is recorded.
+    ``check()`` is asked until it raises: right after the stop it can still pass for a moment
+    while the lease clock's thread is declaring the loss, whose interruption follows.
+    """
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
+        deadline = time.monotonic() + STALL_LOSS_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            task.lock.check()
+            time.sleep(HOLD_SLICE_SECONDS / 4)
+    except LockLost as exc:
+        return exc
+    return None
+
+
 def _flag(client: redis.Redis, key: str) -> Callable[[], bool]:
     """A callable that is true once ``key`` exists in Redis."""
     return lambda: bool(client.exists(key))
@@ -171,17 +207,27 @@ def _result(enter: SectionEvent, written: FenceOutcome) -> dict[str, Any]:
 
 
 def exclusive_section(
-    self: ZkLockTask, run_id: str, key: str, hold_ms: int, release_key: str | None = None
+    self: ZkLockTask,
+    run_id: str,
+    key: str,
+    hold_ms: int,
+    release_key: str | None = None,
+    stall_key: str | None = None,
 ) -> dict[str, Any]:
     """Hold the exclusive (write) side of ``key``'s lock for ``hold_ms``; see the module doc."""
-    return run_section(self, run_id, key, hold_ms, "exclusive", release_key)
+    return run_section(self, run_id, key, hold_ms, "exclusive", release_key, stall_key)
 
 
 def shared_section(
-    self: ZkLockTask, run_id: str, key: str, hold_ms: int, release_key: str | None = None
+    self: ZkLockTask,
+    run_id: str,
+    key: str,
+    hold_ms: int,
+    release_key: str | None = None,
+    stall_key: str | None = None,
 ) -> dict[str, Any]:
     """Hold the shared (read) side of ``key``'s lock for ``hold_ms``; see the module doc."""
-    return run_section(self, run_id, key, hold_ms, "shared", release_key)
+    return run_section(self, run_id, key, hold_ms, "shared", release_key, stall_key)
 
 
 def register_tasks(app: Celery) -> None:

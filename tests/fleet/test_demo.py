@@ -135,7 +135,13 @@ def test_demo_is_a_fleet_subcommand() -> None:
     config = config_from_args(args, "demo")
     assert config == replace(demo.DEMO, tasks=3, keep_logs=True)
     # The demo's defaults: about a minute, every fault that needs neither an ensemble nor root.
-    assert set(demo.DEMO.faults) == {"kill", "pause", "expire", "redis_restart"}
+    assert set(demo.DEMO.faults) == {
+        "kill",
+        "pause",
+        "expire",
+        "redis_restart",
+        "stall_before_write",
+    }
     assert {"prefork", "threads"} <= set(demo.DEMO.pools)
     assert 0 < demo.DEMO.shared_ratio < 1 and 0 < demo.DEMO.skip_ratio < 1
 

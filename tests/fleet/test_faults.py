@@ -291,6 +291,78 @@ def test_pause_past_the_session_timeout_ends_the_task_with_lock_lost(stack: Stac
     assert kinds.index(("paused", enter.pid)) < kinds.index(("exit", enter.pid))
 
 
+def test_stall_before_write_has_the_fence_refuse_the_stopped_holders_write(
+    stack: Stack,
+) -> None:
+    # The only fault whose holder writes after its successor: the fence must refuse it.
+    run_id = uuid.uuid4().hex[:10]
+
+    record = _inject(stack, run_id, "stall_before_write")
+
+    assert record.ran, record.detail
+    assert "expired its session" in record.detail and "refused by the fence" in record.detail
+    events = _events(stack, run_id)
+    (paused,) = [e for e in events if e.kind == "paused"]
+    holder = next(e for e in events if e.kind == "enter" and e.pid == paused.pid)
+    successor = next(e for e in events if e.kind == "enter" and e.holder != holder.holder)
+    assert successor.key == holder.key and successor.token > holder.token
+    assert pid_alive(holder.pid) and _process_state(holder.pid) != "T"  # resumed
+    # In list order: the holder checked its lease and announced its write, stopped (paused,
+    # stamped with that `writing` time), the successor entered and wrote, then the holder's
+    # write came, was refused, and its section ended with its lock lost.
+    order = [(e.kind, e.holder) for e in events if e.kind != "paused"]
+    assert order == [
+        ("enter", holder.holder),
+        ("writing", holder.holder),
+        ("enter", successor.holder),
+        ("writing", successor.holder),
+        ("write", successor.holder),
+        ("exit", successor.holder),
+        ("write", holder.holder),
+        ("exit", holder.holder),
+    ]
+    kinds = [e.kind for e in events]
+    assert kinds.index("writing") < kinds.index("paused") < kinds.index("enter", 2)
+    writing = next(e for e in events if e.kind == "writing" and e.holder == holder.holder)
+    assert paused.time == writing.time and paused.session_timeout == SESSION_TIMEOUT
+    writes = {e.holder: e for e in events if e.kind == "write"}
+    assert writes[successor.holder].accepted
+    refused = writes[holder.holder]
+    assert refused.accepted is False and refused.previous_token == successor.token
+    exits = {e.holder: e.outcome for e in events if e.kind == "exit"}
+    assert exits == {successor.holder: "ok", holder.holder: "lost"}
+    assert _failure(stack.app.AsyncResult(holder.task_id)) == "LockLost"
+    # The checker: one refused write, no stale write accepted, the overlap excused (revoked).
+    report = check_run(submitted={}, outcomes={}, events=events, faults=[record], leftover_nodes=0)
+    assert (report.writes_refused, report.stale_writes_accepted) == (1, 0)
+    assert (report.violations, report.revoked_overlaps) == (0, 1)
+    assert report.ok, report.summary_lines()
+    (impact,) = report.fault_impacts
+    assert impact.refused_writes == 1
+
+
+def test_stall_before_write_of_a_threads_worker_also_sends_the_write(stack: Stack) -> None:
+    # The fault picks a prefork pool process when it can; in a threads worker the lease's
+    # interruption is an asynchronous exception, which must not keep the write from going out.
+    run_id = uuid.uuid4().hex[:10]
+    injector = stack.injector(run_id)
+    try:
+        with injector._planted_holder(
+            stack.worker("threads"), "stall_before_write", stallable=True
+        ) as target:
+            record = injector._stalled(target)
+        injector.revive()
+    finally:
+        injector.close()
+    assert record.ran and "main process" in record.target, record
+    events = _events(stack, run_id)
+    assert "refused by the fence" in record.detail, record.detail
+    report = check_run(submitted={}, outcomes={}, events=events, faults=[record], leftover_nodes=0)
+    assert (report.writes_refused, report.stale_writes_accepted, report.violations) == (1, 0, 0)
+    assert report.revoked_overlaps == 1 and report.ok, report.summary_lines()
+    assert sorted(e.outcome or "" for e in events if e.kind == "exit") == ["lost", "ok"]
+
+
 def test_expire_ends_the_holders_task_with_lock_lost(stack: Stack) -> None:
     run_id, worker = uuid.uuid4().hex[:10], stack.worker("threads")
     result = _send(stack, worker, run_id)

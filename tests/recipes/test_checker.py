@@ -681,6 +681,7 @@ def test_records_reject_what_they_cannot_mean() -> None:
         "redis_restart",
         "blackhole",
         "follower_partition",
+        "stall_before_write",
     }
     with pytest.raises(ValueError, match="forced loss"):
         SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)
