@@ -178,8 +178,8 @@ def _stall(task: ZkLockTask) -> LockLost | None:
     a write already on its way would (the point of the fault: only the fence stands between it
     and the data). So the loss is taken here, from the interruption or from ``check()`` (which
     stands the interruption down), and handed back to be raised once the write is recorded.
-    ``check()`` is asked until it raises: right after the stop it can still pass for a moment
-    while the lease clock's thread is declaring the loss, whose interruption follows.
+    ``check()`` reads the lease clock itself, so the first one after a stop past the lease's
+    validity raises; it is asked until it raises all the same, for a stop that ends sooner.
     """
     try:
         os.kill(os.getpid(), signal.SIGSTOP)  # returns once continued
