@@ -119,20 +119,21 @@ def enqueue_once(
     a run that never comes; it claims the marker when that is free or its own, and leaves
     another call's marker alone (a ``queued`` run gave its marker up when it started)."""
     client = get_client(settings_of(task.app).client)
-    state = _state_of(task)
-    if resend:
-        try:
-            owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, state)
-        except STOPPING:
+    try:
+        owner = claim(
+            client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task)
+        )
+    except STOPPING:
+        raise
+    except Exception:
+        if not resend:
             raise
-        except Exception:  # ZooKeeper failed: the marker is only an optimisation, the retry not
-            logger.warning("zklock: could not claim %s for the re-send of task %s",
-                           marker_path(lock_path), task_id, exc_info=True)  # fmt: skip
-            return send()
-        if owner is not None:
-            return send()
-    else:
-        owner = claim(client, lock_path, task_id, options.dedupe, options.dedupe_ttl, state)
+        # ZooKeeper failed: the marker is only an optimisation, the re-send is not
+        logger.warning("zklock: could not claim %s for the re-send of task %s",
+                       marker_path(lock_path), task_id, exc_info=True)  # fmt: skip
+        return send()
+    if owner is not None and resend:
+        return send()  # another call's marker: left alone
     if owner is not None:
         if options.dedupe_raise:
             raise AlreadyQueued(
