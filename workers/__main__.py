@@ -1,8 +1,8 @@
 """``python -m workers COMMAND``: the fleet's command line.
 
 - ``python -m workers worker [celery worker options...]`` starts one fleet worker: compose's
-  ``worker`` service, the demo and the fleet launcher all run it (:func:`worker_command` builds
-  the command line).
+  ``worker`` service, the demo and the fleet launcher all run it
+  (:func:`workers.fleet.worker_command` builds the command line).
 - ``python -m workers demo [options]``: the load test, demo-sized (``make demo``,
   :mod:`workers.demo`).
 - ``python -m workers loadtest [options]``: a load test on a local or an existing fleet
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from workers.settings import Settings
 
-__all__ = ["build_parser", "effective_pool", "main", "run_worker", "worker_argv", "worker_command"]
+__all__ = ["build_parser", "effective_pool", "main", "run_worker", "worker_argv"]
 
 PROG = "python -m workers"
 WORKER_HELP = "start one fleet worker; celery worker options follow (settings: ZKLOCK_* env)"
@@ -58,17 +58,6 @@ def worker_argv(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
         "info",
         *extra,
     ]
-
-
-def worker_command(extra: Sequence[str] = (), *, python: str | None = None) -> list[str]:
-    """The command line that starts a fleet worker as a subprocess.
-
-    ``python`` defaults to this interpreter. The worker reads its settings from the
-    subprocess's environment (``Settings.to_env()`` gives them); ``extra`` is appended to the
-    ``celery worker`` arguments. The subprocess must find ``workers``: run it with the
-    repository root as its working directory or on ``PYTHONPATH``.
-    """
-    return [python or sys.executable, "-m", "workers", "worker", *extra]
 
 
 def run_worker(extra: Sequence[str] = ()) -> int:

@@ -11,6 +11,7 @@ them from the main thread: they die with the thread that started them
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -21,12 +22,23 @@ from celery import Celery
 
 from celery_zklock.testing.celery_worker import CeleryWorker, stop_all, wait_until_answering
 from celery_zklock.testing.processes import descendants, pid_alive
-from workers.__main__ import worker_command
 from workers.netns import Namespace
 from workers.settings import Settings
 
 # descendants and pid_alive live in celery_zklock.testing.processes; importable here as well.
-__all__ = ["Fleet", "FleetWorker", "WorkerSpec", "descendants", "pid_alive"]
+__all__ = ["Fleet", "FleetWorker", "WorkerSpec", "descendants", "pid_alive", "worker_command"]
+
+
+def worker_command(extra: Sequence[str] = (), *, python: str | None = None) -> list[str]:
+    """The command line that starts a fleet worker as a subprocess.
+
+    ``python`` defaults to this interpreter. The worker reads its settings from the
+    subprocess's environment (``Settings.to_env()`` gives them); ``extra`` is appended to the
+    ``celery worker`` arguments. The subprocess must find ``workers``: run it with the
+    repository root as its working directory or on ``PYTHONPATH``.
+    """
+    return [python or sys.executable, "-m", "workers", "worker", *extra]
+
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 STOP_GRACE: Final = 10.0

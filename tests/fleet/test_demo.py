@@ -21,11 +21,10 @@ from workers.__main__ import (
     effective_pool,
     main,
     worker_argv,
-    worker_command,
 )
 from workers.app import celery_config, create_app
 from workers.checker import check_run
-from workers.fleet import Fleet, WorkerSpec, descendants, pid_alive
+from workers.fleet import Fleet, WorkerSpec, descendants, pid_alive, worker_command
 from workers.loadtest import config_from_args
 from workers.record import SectionRecorder
 from workers.settings import Settings, SettingsError
