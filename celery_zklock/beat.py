@@ -88,7 +88,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from celery_zklock.config import settings_of
 from celery_zklock.errors import ConfigurationError, ZooKeeperUnavailable
 from celery_zklock.locks import Lease, Mutex, adapter
-from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.session import new_client, tls_problem
 from celery_zklock.validate import forbidden_in_znode
 

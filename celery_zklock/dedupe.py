@@ -54,7 +54,7 @@ from celery_zklock.config import settings_of
 from celery_zklock.errors import ZkLockError
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks import adapter
-from celery_zklock.locks.context import Deadline, wait_result
+from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.queue import make_containers
 from celery_zklock.session import get_client
 

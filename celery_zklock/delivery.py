@@ -55,8 +55,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock.interrupt import STOPPING
+from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
 from celery_zklock.locks.contenders import queue_of
-from celery_zklock.locks.context import Deadline, wait_result, wait_slice
 
 logger = logging.getLogger("celery_zklock")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 
 class ZkLockError(Exception):
     """Base class of every error raised by celery-zklock."""
@@ -11,12 +13,37 @@ class LockTimeout(ZkLockError):
     """An acquire did not get the lock before its deadline; no contender node was left behind."""
 
 
+class LossCode(str, enum.Enum):
+    """Why a lease counts as lost, for programs (metrics, alerts); the text beside it is for
+    people. Compares equal to its value (``LossCode.BROKEN == "broken"``); more codes may come,
+    so a reader should treat one it does not know as "other"."""
+
+    #: The lease clock ran out: no answer from the ZooKeeper leader in time to prove the
+    #: session alive (a silent link, an unreachable leader, or the process was paused).
+    LEASE_CLOCK = "lease_clock"
+    #: The session behind the lease's node expired, or the client is in another session now.
+    SESSION_EXPIRED = "session_expired"
+    #: Someone else deleted the lease's node (``celery zklock break --force``, say).
+    NODE_DELETED = "node_deleted"
+    #: An operator asked the holder to let go (a break request in the node's data).
+    BROKEN = "broken"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class LockLost(ZkLockError):
     """The ZooKeeper session behind a held lock was lost: another holder may exist from now on.
 
+    ``code`` (a :class:`LossCode`, or None where the cause is not known) says why; the message
+    says it for people. Constructed as any exception, with ``code`` as an optional keyword.
     Derives from ``Exception`` (not ``BaseException``) so that Celery's trace records it as the
     task's failure.
     """
+
+    def __init__(self, *args: object, code: LossCode | None = None) -> None:
+        super().__init__(*args)
+        self.code = code
 
 
 class LockBusy(ZkLockError):

@@ -3,7 +3,9 @@
 Every event is logged on the ``celery_zklock`` logger as ``zklock event=<name> k=v ...`` with the
 same fields in ``record.zklock`` (a dict) for structured handlers. ``acquired``, ``busy``,
 ``lost`` and ``released`` also send their signal of :mod:`celery_zklock.signals` (sender = the
-task; keywords ``task_id``, ``path`` and the event's fields).
+task; keywords ``task_id``, ``path`` and the event's fields). The ``lost`` event's fields are
+``token``, ``reason`` and ``code`` (a :class:`~celery_zklock.errors.LossCode`, logged as its
+value: ``code=lease_clock``).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.config import settings_of
+from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
-from celery_zklock.locks.context import Deadline, wait_result
 from celery_zklock.locks.lease import break_request, node_object, with_break_request
 from celery_zklock.session import get_client
 

@@ -8,8 +8,8 @@ the package is missing, or on a port that cannot be bound, the worker refuses to
 :class:`~celery_zklock.ConfigurationError` naming what to do.
 
 What is measured (names, types and labels: ``docs/metrics.md``): acquisitions by outcome, wait
-and hold times, lost leases by reason (:func:`lost_reason` maps the lease code's texts to a
-small set), and the leases held now.
+and hold times, lost leases by reason (:func:`lost_reason`: the lost lease's code), and the
+leases held now.
 
 Processes. The receivers record in the process that sends the signal, the one running the task.
 
@@ -82,7 +82,8 @@ OUTCOMES: Final = ("granted", "skipped", "timed_out", "busy_raised", "retried")
 """The ``outcome`` label of ``zklock_acquisitions_total``: one per attempt that got or gave up
 the lock (a ``wait`` ends as granted or timed_out)."""
 LOST_REASONS: Final = ("session_expired", "lease_clock", "node_deleted", "broken", "other")
-"""The ``reason`` label of ``zklock_lost_total``."""
+"""The ``reason`` label of ``zklock_lost_total``: the values of
+:class:`~celery_zklock.errors.LossCode`, and ``other``."""
 BUCKETS: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -94,17 +95,6 @@ _BUSY_OUTCOMES: Final[Mapping[str, str]] = {
     "retry": "retried",
     "raise": "busy_raised",
 }
-# Lowercase fragments of the reasons celery_zklock.locks gives (context.py, mutex.py), first
-# match wins; tests/unit/test_metrics_mapping.py checks every reason the lease code can give.
-_REASON_FRAGMENTS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
-    ("lease_clock", ("lease clock", "no answer from the zookeeper leader")),
-    (
-        "session_expired",
-        ("session expired", "session changed", "session that created the lock node ended"),
-    ),
-    ("node_deleted", ("node was deleted",)),
-    ("broken", ("broken by operator",)),
-)
 _LOST_MEMORY: Final = 1024
 """Leases remembered per process to count each loss once whichever signal tells it first."""
 
@@ -116,20 +106,17 @@ def busy_outcome(policy: str) -> str | None:
     return _BUSY_OUTCOMES.get(policy)
 
 
-def lost_reason(reason: object) -> str:
-    """One of :data:`LOST_REASONS` for the free-text ``reason`` of a lost lease.
+def lost_reason(code: object) -> str:
+    """One of :data:`LOST_REASONS` for the ``code`` of a lost lease (a
+    :class:`~celery_zklock.errors.LossCode`, or its value).
 
     ``lease_clock``: the lease clock ran out (no answer from the ZooKeeper leader in time, or
     the process was paused); ``session_expired``: the session behind the node expired or was
     replaced; ``node_deleted``: someone else deleted the lock node; ``broken``: an operator broke
-    it (``celery zklock break``); ``other``: anything else,
-    None included.
+    it (``celery zklock break``); ``other``: a code this version does not know, None included.
     """
-    text = str(reason or "").lower()
-    for kind, fragments in _REASON_FRAGMENTS:
-        if any(fragment in text for fragment in fragments):
-            return kind
-    return "other"
+    text = str(code) if isinstance(code, str) else ""
+    return text if text in LOST_REASONS else "other"
 
 
 def metrics_port(conf: Mapping[str, Any]) -> int | None:
@@ -218,13 +205,13 @@ class Recorder:
     def outcome(self, task: str, outcome: str) -> None:
         self.acquisitions.labels(task, outcome).inc()
 
-    def lease_lost(self, task: str, lease: tuple[Any, ...], reason: object) -> None:
+    def lease_lost(self, task: str, lease: tuple[Any, ...], code: object) -> None:
         """``lock_lost``: counted unless the release already counted this lease's loss."""
         with self._lock:
             if self._lost_leases.pop(lease, False) is None:
                 return
             self._remember(lease)
-        self.lost.labels(task, lost_reason(reason)).inc()
+        self.lost.labels(task, lost_reason(code)).inc()
 
     def released(self, task: str, lease: tuple[Any, ...], held: float, lost: bool) -> None:
         """``lock_released``; a lease released lost whose loss was not told (found at the
@@ -285,7 +272,7 @@ def _on_timeout(sender: Any = None, **_: Any) -> None:
 def _on_lost(sender: Any = None, **kwargs: Any) -> None:
     recorder = _recorder
     if recorder is not None:
-        recorder.lease_lost(_task(sender), _lease(kwargs), kwargs.get("reason"))
+        recorder.lease_lost(_task(sender), _lease(kwargs), kwargs.get("code"))
 
 
 def _on_released(sender: Any = None, **kwargs: Any) -> None:

@@ -325,7 +325,8 @@ class LockedRun:
             try:
                 if interruption is not None:
                     interruption.fire(reason)
-                emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason)
+                emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason,
+                     code=lease.lost_code)  # fmt: skip
             finally:
                 told.set()
 
@@ -369,7 +370,7 @@ class LockedRun:
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
                 emit(self.task, "lost", self.path, task_id=self.task_id, token=lease.token,
-                     reason=lease.lost_reason)  # fmt: skip
+                     reason=lease.lost_reason, code=lease.lost_code)  # fmt: skip
             held = time.monotonic() - self.granted_at
             emit(self.task, "released", self.path, task_id=self.task_id, token=lease.token,
                  held=held, lost=lease.lost)  # fmt: skip

@@ -21,7 +21,9 @@ lock_busy = Signal(name="zklock_lock_busy")
 lock_timeout = Signal(name="zklock_lock_timeout")
 #: The lease was lost (sent once per lease): while the task held it, on the lease clock's thread
 #: after the body's interruption was fired; or found at the release, on the task's thread
-#: before ``lock_released``. Adds ``token`` and ``reason``.
+#: before ``lock_released``. Adds ``token``, ``reason`` (text for people) and ``code`` (why, a
+#: :class:`~celery_zklock.errors.LossCode`: compare with its members or their values, and treat
+#: one you do not know as "other"; None if the cause is not known).
 lock_lost = Signal(name="zklock_lock_lost")
 #: The lease was released. Adds ``token``, ``held`` (seconds) and ``lost`` (True if it had been
 #: lost first).

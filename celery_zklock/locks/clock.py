@@ -1,5 +1,8 @@
 """The lease clock: until when a held lock is safely ours, from answers the leader gave.
 
+:class:`LeaseTiming` holds the numbers for one session timeout; :class:`LeaseClock` is the clock
+of one client (its renewer, and the loss it declares). Why the numbers are what they are:
+
 A lease is only as good as the ZooKeeper session that owns its ephemeral node, and the only
 party that decides when that session ends is the ensemble's leader: it expires the session ``T``
 (the negotiated session timeout) after the last time it heard of the session, and from then on
@@ -49,14 +52,30 @@ same rate (drift of parts per million is far below the margin).
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+import threading
+import time
+import weakref
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from celery_zklock.errors import ConfigurationError
+from kazoo.client import KazooClient
+
+from celery_zklock.errors import ConfigurationError, LossCode, ZooKeeperUnavailable
+from celery_zklock.locks.breaks import BreakWatches
+from celery_zklock.locks.calls import Deadline, wait_result
+from celery_zklock.locks.lease import Hold
+
+logger = logging.getLogger("celery_zklock.locks")
 
 #: The shortest time left to interrupt a body before the leader may expire the session.
 MIN_MARGIN = 0.25
 #: The shortest negotiated session timeout under which a fresh lease outlives one renewal.
 MIN_SESSION_TIMEOUT = 1.0
+#: A renewal counts as on time when sent within this factor of ``R`` after the previous one.
+_ON_TIME = 1.25
 
 
 @dataclass(frozen=True)
@@ -112,3 +131,268 @@ class LeaseTiming:
         """Upper bound on how long the node of a dead holder can live (seconds): ``T`` rounded
         up to the server's tick (``tick <= T/2``) plus a second for the expiry to be applied."""
         return 1.5 * self.session_timeout + 1.0
+
+
+@functools.lru_cache(maxsize=64)
+def timing_for(session_timeout: float) -> LeaseTiming:
+    """The (shared) :class:`LeaseTiming` of ``session_timeout``."""
+    return LeaseTiming(session_timeout)
+
+
+class Session(Protocol):
+    """What the clock reads of its client's session (the client's
+    :class:`~celery_zklock.locks.context.ClientContext`)."""
+
+    @property
+    def timing(self) -> LeaseTiming:
+        """The numbers of the negotiated session timeout."""
+
+    def session_id(self) -> int | None:
+        """The current session id, or None while not connected."""
+
+
+class LeaseClock:
+    """The lease clock of one kazoo client: times its held leases and declares them lost.
+
+    While any lease is held a renewer (a thread, or a greenlet under kazoo's gevent handler)
+    sends a ``sync`` every ``R``; every answer to a request that reached the leader
+    (:meth:`confirm`) moves :meth:`valid_until` forward, and when that moment passes unrenewed
+    every lease is lost (:attr:`~celery_zklock.errors.LossCode.LEASE_CLOCK`). So is every lease
+    of a session that ended (:meth:`session_lost`, :meth:`declare_lost`), and one whose node was
+    broken (:class:`~celery_zklock.locks.breaks.BreakWatches`, read on the renewer's ticks). A
+    loss is recorded on the lease under ``lock`` before the lease leaves the clock, then told
+    (log, callbacks) after ``lock`` is let go. The renewer lingers a session timeout after the
+    last lease goes, so short tasks do not start a thread each.
+
+    ``lock`` is the client's one lock (the context's), ``watch_refs`` its count of watches per
+    node; ``session`` gives the negotiated timing and the current session id.
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        session: Session,
+        lock: threading.Lock,
+        watch_refs: dict[str, int],
+    ) -> None:
+        self._client_ref = weakref.ref(client)
+        self._session = session
+        self._handler = client.handler
+        self._lock = lock
+        #: Incremented each time the session is lost; lets a caller see "the session changed",
+        #: and keeps an answer from an earlier session from moving the clock.
+        self.epoch = 0
+        self._timed: set[Hold] = set()
+        self._valid_until = -math.inf
+        self._renewing_since: float | None = None
+        self._last_renewal_sent: float | None = None
+        self._next_renewal = math.inf
+        self._renewal_outstanding = False
+        self._renewer_running = False
+        #: When the renewer will next wake by itself; inf while it is working out when.
+        self._renewer_wakes_at = math.inf
+        self._renew_event = client.handler.event_object()
+        self.breaks = BreakWatches(lock, watch_refs, self._timed.__contains__, self.wake)
+
+    def wake(self) -> None:
+        """Wake the renewer to look again (a state change, a break found)."""
+        self._renew_event.set()
+
+    def confirm(self, sent_at: float, epoch: int) -> None:
+        """An answer came to a request sent at ``sent_at`` (during ``epoch``) that reached the
+        leader: move the clock forward."""
+        timing = self._session.timing
+        with self._lock:
+            if epoch != self.epoch:
+                return
+            valid = timing.valid_until(sent_at, renewing_since=self._renewing_since)
+            if valid > self._valid_until:
+                self._valid_until = valid
+
+    def valid_until(self) -> float:
+        """Until when (monotonic seconds) this client's leases are safe."""
+        return self._valid_until
+
+    def renew(self, deadline: Deadline) -> None:
+        """Send one ``sync`` and wait for its answer (it moves the clock forward)."""
+        client = self._client()
+        epoch = self.epoch
+        sent_at = time.monotonic()
+        result = client.sync_async("/")
+        wait_result(result, deadline, f"confirming the session with a sync ({client.hosts})")
+        self.confirm(sent_at, epoch)
+
+    def track(self, held: Hold) -> None:
+        """Time ``held``: it is declared lost when the clock runs out or its session ends."""
+        renew_interval = self._session.timing.renew_interval
+        now = time.monotonic()
+        with self._lock:
+            if not self._timed:
+                # A new stretch of holding: the first renewal is due one interval from now
+                # (the grant's own create just confirmed the session).
+                self._renewing_since = None
+                self._last_renewal_sent = None
+                self._next_renewal = now + renew_interval
+            self._timed.add(held)
+            self.breaks.begin_locked(held, now)
+            start = not self._renewer_running
+            self._renewer_running = True
+            # Waking the renewer is a thread hand-off per grant; it is needed only when it
+            # would otherwise sleep past the first renewal (an idle renewer wakes every R).
+            wake = self._renewer_wakes_at > self._next_renewal
+        current = self._session.session_id()
+        if current is not None and current != held.session_id:
+            self.declare_lost(
+                LossCode.SESSION_EXPIRED,
+                "the ZooKeeper session changed",
+                only_session=held.session_id,
+            )
+        if start:
+            self._handler.spawn(self._renew_loop)
+        elif wake:
+            self._renew_event.set()
+
+    def untrack(self, held: Hold) -> None:
+        """Stop timing ``held`` (it is being released)."""
+        with self._lock:
+            self._timed.discard(held)
+            self.breaks.forget_locked(held)
+
+    def expire_if_due(self) -> None:
+        """Declare the leases lost now if the clock ran out (for readers that do not wait for
+        the renewer: a process paused past its timeout runs no timer)."""
+        if time.monotonic() >= self._valid_until:
+            self.declare_lost(LossCode.LEASE_CLOCK, self._expired_reason())
+
+    def session_lost(self) -> None:
+        """The session expired (kazoo reported LOST): every lease ends, and no answer from it
+        moves the clock any more."""
+        with self._lock:
+            self.epoch += 1
+            self._valid_until = -math.inf
+        self.declare_lost(LossCode.SESSION_EXPIRED, "the ZooKeeper session expired")
+
+    def declare_lost(
+        self,
+        code: LossCode,
+        reason: str,
+        *,
+        only_session: int | None = None,
+        except_session: int | None = None,
+    ) -> None:
+        """Tell every timed lease (of ``only_session``, or not of ``except_session``) it is lost."""
+        with self._lock:
+            victims = [
+                held
+                for held in self._timed
+                if (only_session is None or held.session_id == only_session)
+                and (except_session is None or held.session_id != except_session)
+            ]
+            told = []
+            for held in victims:
+                self._timed.discard(held)
+                self.breaks.stop_reading_locked(held)
+                # Recorded before the lock is let go: a reader that then finds the lease gone
+                # from _timed (Lease.lost's own look at the clock) sees it lost, not still held.
+                told.append((held, held.record_lost(code, reason)))
+        for held, callbacks in told:
+            held.tell_lost(reason, callbacks)
+
+    def apply_breaks(self) -> None:
+        """End the leases whose node was broken (on the renewer's thread, like every other loss
+        the clock declares)."""
+        with self._lock:
+            told = []
+            for held, (code, reason) in self.breaks.take_found_locked().items():
+                self._timed.discard(held)
+                told.append((held, reason, held.record_lost(code, reason)))
+        for held, reason, callbacks in told:
+            held.tell_lost(reason, callbacks)
+
+    def _client(self) -> KazooClient:
+        client = self._client_ref()
+        if client is None:  # pragma: no cover - a lock keeps its client alive
+            raise ZooKeeperUnavailable("the kazoo client of this lock was garbage-collected")
+        return client
+
+    def _expired_reason(self) -> str:
+        timing = self._session.timing
+        return (
+            f"no answer from the ZooKeeper leader in time (session timeout "
+            f"{timing.session_timeout:g}s): the session may expire and another client be "
+            "granted the lock"
+        )
+
+    def _renew_loop(self) -> None:
+        """Renew while leases are held; declare them lost when the clock runs out. Lingers
+        a session timeout after the last lease goes, so short tasks do not start a thread each."""
+        client_ref, event = self._client_ref, self._renew_event
+        idle_since: float | None = None
+        while True:
+            client = client_ref()
+            self.apply_breaks()
+            now = time.monotonic()
+            timing = self._session.timing if client is not None else None
+            with self._lock:
+                self._renewer_wakes_at = math.inf
+                if client is None or timing is None:
+                    self._renewer_running = False
+                    return
+                holding = bool(self._timed)
+                if holding:
+                    idle_since = None
+                else:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= timing.session_timeout:
+                        self._renewer_running = False
+                        return
+                valid_until = self._valid_until
+                outstanding = self._renewal_outstanding
+                next_renewal = self._next_renewal
+            if not holding:
+                assert idle_since is not None
+                # Lingering, it looks every R, so a new grant need not wake it (see track).
+                wake_at = min(idle_since + timing.session_timeout, now + timing.renew_interval)
+            elif now >= valid_until:
+                self.declare_lost(LossCode.LEASE_CLOCK, self._expired_reason())
+                continue
+            else:
+                if not outstanding and now >= next_renewal:
+                    self._send_renewal(client, now, timing)
+                    self.breaks.watch_due(client, now, timing.renew_interval)
+                    outstanding = True
+                wake_at = valid_until if outstanding else min(valid_until, self._next_renewal)
+            del client
+            with self._lock:
+                self._renewer_wakes_at = wake_at
+            event.wait(max(0.0, wake_at - time.monotonic()))
+            event.clear()
+
+    def _send_renewal(self, client: KazooClient, now: float, timing: LeaseTiming) -> None:
+        with self._lock:
+            last_sent = self._last_renewal_sent
+            on_time = last_sent is not None and now - last_sent <= timing.renew_interval * _ON_TIME
+            if not on_time or self._renewing_since is None:
+                self._renewing_since = now
+            self._last_renewal_sent = now
+            self._next_renewal = now + timing.renew_interval
+            self._renewal_outstanding = True
+            epoch = self.epoch
+
+        def answered(result: Any) -> None:
+            with self._lock:
+                self._renewal_outstanding = False
+                if not result.successful():
+                    # It may never have reached the server: the gap between our touches is
+                    # no longer known to be one interval.
+                    self._renewing_since = None
+            if result.successful():
+                self.confirm(now, epoch)
+            self._renew_event.set()
+
+        try:
+            client.sync_async("/").rawlink(answered)
+        except Exception:  # the client is closing: the clock runs out on its own
+            logger.debug("lease renewal could not be sent", exc_info=True)
+            with self._lock:
+                self._renewal_outstanding = False

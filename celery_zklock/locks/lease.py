@@ -5,7 +5,7 @@ operator asks a stuck holder to let go by writing ``{"broken": {"by", "at", "rea
 holder's own node data, merged into the JSON object already there (a task run's identity). The
 holder's lease clock reads its node once the lease has been held for a renewal interval, with a
 data watch, and counts a break request it finds as the loss of the lease
-(:mod:`celery_zklock.locks.context`); the holder's release then deletes the node, so the lock is
+(:mod:`celery_zklock.locks.breaks`); the holder's release then deletes the node, so the lock is
 granted to the next contender only after the holder was told.
 """
 
@@ -16,19 +16,23 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
-from celery_zklock.errors import LockLost
+from celery_zklock.errors import LockLost, LossCode
 from celery_zklock.locks.contenders import Kind
-
-if TYPE_CHECKING:
-    from kazoo.client import KazooClient
-
-    from celery_zklock.locks.context import ClientContext
 
 logger = logging.getLogger("celery_zklock.locks")
 
 LostCallback = Callable[[str], None]
+
+
+class Clock(Protocol):
+    """The lease clock that times a hold, as the hold sees it
+    (:class:`~celery_zklock.locks.clock.LeaseClock`)."""
+
+    def expire_if_due(self) -> None:
+        """Declare the clock's leases lost now if it ran out."""
+
 
 #: The key of a break request in a node's JSON data.
 BREAK_FIELD: Final = "broken"
@@ -84,13 +88,14 @@ class Hold:
     reentrant acquires.
 
     A passive record: the lock front end counts acquires and releases on it, and the client's
-    lease clock (:class:`~celery_zklock.locks.context.ClientContext`) calls :meth:`mark_lost`
-    when the session behind the node may be gone.
+    lease clock (:class:`~celery_zklock.locks.clock.LeaseClock`) records its loss
+    (:meth:`record_lost`, :meth:`tell_lost`) when the session behind the node may be gone or
+    its node was broken. A loss is a :class:`~celery_zklock.errors.LossCode` and a text.
     """
 
     def __init__(
         self,
-        context: ClientContext,
+        clock: Clock,
         path: str,
         node: str,
         kind: Kind,
@@ -99,7 +104,7 @@ class Hold:
         epoch: int,
         thread_id: int,
     ) -> None:
-        self.context = context
+        self.clock = clock
         self.path = path
         self.node = node
         self.kind: Kind = kind
@@ -109,24 +114,23 @@ class Hold:
         self.thread_id = thread_id
         self.count = 1
         self.lost_reason: str | None = None
+        self.lost_code: LossCode | None = None
         self._callbacks: list[LostCallback] = []
         self._lock = threading.Lock()
 
-    @property
-    def client(self) -> KazooClient:
-        return self.context.client
-
-    def mark_lost(self, reason: str) -> None:
+    def mark_lost(self, code: LossCode, reason: str) -> None:
         """Record that the lock may be held by someone else now; run the lost callbacks once."""
-        self.tell_lost(reason, self.record_lost(reason))
+        self.tell_lost(reason, self.record_lost(code, reason))
 
-    def record_lost(self, reason: str) -> list[LostCallback] | None:
-        """Record the loss (the first reason stays) and return the callbacks to run, None if it
-        was recorded before. Runs no callback, so the clock may call it under its own lock: the
-        loss is then recorded before any other thread can find the lease gone from the clock."""
+    def record_lost(self, code: LossCode, reason: str) -> list[LostCallback] | None:
+        """Record the loss (the first code and reason stay) and return the callbacks to run,
+        None if it was recorded before. Runs no callback, so the clock may call it under its own
+        lock: the loss is then recorded before any other thread can find the lease gone from
+        the clock."""
         with self._lock:
             if self.lost_reason is not None:
                 return None
+            self.lost_code = code
             self.lost_reason = reason
             callbacks, self._callbacks = self._callbacks, []
         return callbacks
@@ -135,7 +139,9 @@ class Hold:
         """Log the loss and run ``callbacks`` from :meth:`record_lost` (None: nothing to do)."""
         if callbacks is None:
             return
-        logger.warning("lock %s lost (token %d): %s", self.node, self.token, reason)
+        logger.warning(
+            "lock %s lost (token %d, %s): %s", self.node, self.token, self.lost_code, reason
+        )
         for callback in callbacks:
             try:
                 callback(reason)
@@ -213,12 +219,19 @@ class Lease:
         past the lease's validity sees it lost as soon as it runs again.
         """
         if self._hold.lost_reason is None and not self._released:
-            self._hold.context.expire_if_due()
+            self._hold.clock.expire_if_due()
         return self._hold.lost_reason is not None
 
     @property
     def lost_reason(self) -> str | None:
+        """Why the lease was lost, for people; None while it is not."""
         return self._hold.lost_reason if self.lost else None
+
+    @property
+    def lost_code(self) -> LossCode | None:
+        """Why the lease was lost, as a :class:`~celery_zklock.errors.LossCode`; None while it
+        is not."""
+        return self._hold.lost_code if self.lost else None
 
     @property
     def held(self) -> bool:
@@ -231,7 +244,10 @@ class Lease:
             hook = self._on_check_raises
             if hook is not None:
                 hook()
-            raise LockLost(f"lock {self.path} lost (token {self.token}): {self._hold.lost_reason}")
+            raise LockLost(
+                f"lock {self.path} lost (token {self.token}): {self._hold.lost_reason}",
+                code=self._hold.lost_code,
+            )
 
     def on_check_raises(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback()`` on the checking thread whenever :meth:`check` is about to raise.

@@ -21,9 +21,10 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 
-from celery_zklock.errors import ZkLockError, ZooKeeperUnavailable
+from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
+from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
-from celery_zklock.locks.context import ClientContext, Deadline, context_for
+from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.queue import ContenderQueue, SentCreate, SessionGone
 
@@ -149,7 +150,7 @@ class Mutex:
             return None
         with context.lock:
             context.owned[(self.path, thread_id)] = hold
-        context.track(hold)
+        context.clock.track(hold)
         return Lease(hold, self._release)
 
     def _send_ahead(self, data: bytes) -> bool:
@@ -239,7 +240,7 @@ class Mutex:
                 queue.discard(node)
                 return None
             return Hold(
-                context,
+                context.clock,
                 self.path,
                 node,
                 self.kind,
@@ -251,10 +252,10 @@ class Mutex:
 
     def _ensure_fresh(self, io: Deadline) -> None:
         """Before handing out a lease: make sure the lease clock has a renewal's worth left."""
-        context = self._context
-        if context.valid_until() - time.monotonic() < context.timing.renew_interval:
-            context.renew(io)
-        if context.valid_until() <= time.monotonic():
+        context, clock = self._context, self._context.clock
+        if clock.valid_until() - time.monotonic() < context.timing.renew_interval:
+            clock.renew(io)
+        if clock.valid_until() <= time.monotonic():
             raise ZooKeeperUnavailable(
                 f"the ZooKeeper leader did not confirm the session in time to grant {self.path}"
             )
@@ -269,24 +270,31 @@ class Mutex:
             key = (self.path, hold.thread_id)
             if context.owned.get(key) is hold:
                 del context.owned[key]
-        context.untrack(hold)
+        context.clock.untrack(hold)
         session_id = context.session_id()
         if context.epoch != hold.epoch or session_id not in (hold.session_id, None):
-            hold.mark_lost("the ZooKeeper session that created the lock node ended before release")
-            return
-        if time.monotonic() >= context.valid_until():
             hold.mark_lost(
+                LossCode.SESSION_EXPIRED,
+                "the ZooKeeper session that created the lock node ended before release",
+            )
+            return
+        if time.monotonic() >= context.clock.valid_until():
+            hold.mark_lost(
+                LossCode.LEASE_CLOCK,
                 "the lease clock ran out before release (no answer from the ZooKeeper leader "
-                "in time, or the process was paused): another holder may have run meanwhile"
+                "in time, or the process was paused): another holder may have run meanwhile",
             )
         try:
             self._queue.delete(hold.node, Deadline(context.timing.idle_gap))
         except NoNodeError:
-            hold.mark_lost("the lock node was deleted by someone else while it was held")
+            hold.mark_lost(
+                LossCode.NODE_DELETED,
+                "the lock node was deleted by someone else while it was held",
+            )
         except SessionExpiredError:
-            hold.mark_lost("the ZooKeeper session expired before release")
+            hold.mark_lost(LossCode.SESSION_EXPIRED, "the ZooKeeper session expired before release")
         except (ZooKeeperUnavailable, KazooException):
-            self._context.purge_later(self.path, hold.node.rsplit("/", 1)[1])
+            self._queue.abandon_later(hold.node.rsplit("/", 1)[1])
 
     def participant_nodes(self) -> list[str]:
         """Names of the current contender nodes on this path, in grant order."""

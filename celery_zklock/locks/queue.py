@@ -40,8 +40,10 @@ create; the create then fails with NoNode and we make the parents and create aga
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
@@ -61,6 +63,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
+from celery_zklock.locks.calls import Deadline, synced_children, wait_result, wait_slice
 from celery_zklock.locks.contenders import (
     LockKind,
     decide,
@@ -70,13 +73,9 @@ from celery_zklock.locks.contenders import (
     parse_child,
     queue_of,
 )
-from celery_zklock.locks.context import (
-    ClientContext,
-    Deadline,
-    synced_children,
-    wait_result,
-    wait_slice,
-)
+from celery_zklock.locks.context import ClientContext
+
+logger = logging.getLogger("celery_zklock.locks")
 
 
 @dataclass
@@ -223,11 +222,11 @@ class ContenderQueue:
             except SessionExpiredError:
                 context.await_connected(io, what)
                 continue
-            context.confirm(sent_at, epoch)
+            context.clock.confirm(sent_at, epoch)
             if not self._same_session(session_id, epoch, io):
                 # The session ended around the create: the node went with it. Start a new
                 # attempt under a new uuid, so that this one's purge cannot touch it.
-                context.purge_later(self.path, prefix)
+                self.abandon_later(prefix)
                 raise SessionGone()
             context.remember_parent(self.path, True)
             return Created(path.rsplit("/", 1)[1], token, session_id, epoch, children)
@@ -277,7 +276,7 @@ class ContenderQueue:
                 raise
             except (NoNodeError, SessionExpiredError):
                 # The parent went, so our node went before it (or the session did): start over.
-                self.context.purge_later(self.path, prefix)
+                self.abandon_later(prefix)
                 raise SessionGone() from None
             read = None
 
@@ -490,29 +489,29 @@ class ContenderQueue:
                 ambiguous = True
                 context.await_connected(io, f"deleting {node}")
                 continue
-            context.confirm(sent_at, epoch)
+            context.clock.confirm(sent_at, epoch)
             return
 
     def abandon(self, prefix: str) -> None:
-        """Remove the node(s) of an abandoned attempt, found by its uuid prefix in a listing
-        after a ``sync`` (as :meth:`_find_ours` looks: a lagging follower must not hide a node
-        whose create went through on the leader). When ZooKeeper fails on the way the removal
-        goes on in the background; anything else that lands here (the caller's time limit,
-        say) schedules that too and is raised."""
+        """Remove the node(s) of an abandoned attempt, found by its uuid prefix
+        (:func:`remove_attempt`). When ZooKeeper fails on the way the removal goes on in the
+        background (:meth:`abandon_later`); anything else that lands here (the caller's time
+        limit, say) schedules that too and is raised."""
         io = Deadline(self.context.timing.idle_gap)
-        what = f"removing an abandoned contender under {self.path}"
         try:
-            for child in synced_children(self.client, self.path, io, what):
-                if child.startswith(prefix):
-                    with suppress(NoNodeError):
-                        wait_result(self.client.delete_async(f"{self.path}/{child}"), io, what)
+            remove_attempt(self.client, self.path, prefix, io)
         except NoNodeError:
             pass
         except (KazooException, ZooKeeperUnavailable):
-            self.context.purge_later(self.path, prefix)
+            self.abandon_later(prefix)
         except BaseException:
-            self.context.purge_later(self.path, prefix)
+            self.abandon_later(prefix)
             raise
+
+    def abandon_later(self, prefix: str) -> None:
+        """Remove the node(s) of an abandoned attempt (or the one node named ``prefix``) in the
+        background: see :class:`OrphanPurge`."""
+        OrphanPurge.of(self.context).later(self.path, prefix)
 
     def discard(self, node: str) -> None:
         """Remove our node after a busy try-lock; in the background if ZooKeeper cannot do it
@@ -523,9 +522,9 @@ class ContenderQueue:
         except (NoNodeError, SessionExpiredError):
             pass
         except (KazooException, ZooKeeperUnavailable):
-            self.context.purge_later(self.path, node.rsplit("/", 1)[1])
+            self.abandon_later(node.rsplit("/", 1)[1])
         except BaseException:
-            self.context.purge_later(self.path, node.rsplit("/", 1)[1])
+            self.abandon_later(node.rsplit("/", 1)[1])
             raise
 
     # -- reporting -------------------------------------------------------------------------
@@ -551,6 +550,135 @@ class ContenderQueue:
         except NoNodeError:
             return []
         return [c.name for c in queue_of(children)]
+
+
+def remove_attempt(client: Any, parent: str, prefix: str, io: Deadline) -> list[str]:
+    """Delete the children of ``parent`` whose name starts with ``prefix`` and return their
+    paths: the one way an abandoned attempt's nodes are removed, now or in the background.
+
+    With Curator's protected names the prefix (``_c_<uuid>-``) names one attempt's nodes. They
+    are found in a listing after a ``sync`` (:func:`synced_children`, as
+    :meth:`ContenderQueue._find_ours` looks): a lagging follower must not hide a node whose
+    create went through on the leader. A node already gone is skipped; NoNodeError means the
+    parent (and so every node of the attempt) is gone; other failures propagate
+    (ZooKeeperUnavailable past ``io``).
+    """
+    what = f"removing an abandoned contender under {parent}"
+    removed = []
+    for child in synced_children(client, parent, io, what):
+        if child.startswith(prefix):
+            node = f"{parent}/{child}"
+            with suppress(NoNodeError):
+                wait_result(client.delete_async(node), io, what)
+                removed.append(node)
+    return removed
+
+
+class OrphanPurge:
+    """The removals of abandoned attempts left to the background, for one client.
+
+    :meth:`later` is used when an acquire gave up while ZooKeeper could not remove its node
+    then (or the outcome of its create was unknown): the attempt's nodes are removed with
+    :func:`remove_attempt` on a thread of their own (a greenlet under gevent), now if
+    connected, retrying with backoff, else after the reconnect (:meth:`resume`, called by the
+    client's context at every CONNECTED). One per client (:meth:`of`); a purge is never left to
+    no one, whatever the order of the thread's exit and a reconnect.
+    """
+
+    def __init__(self, context: ClientContext) -> None:
+        self._context = context
+        self._client_ref = weakref.ref(context.client)
+        self._lock = threading.Lock()
+        self._pending: set[tuple[str, str]] = set()
+        self._purging = False
+
+    @classmethod
+    def of(cls, context: ClientContext) -> OrphanPurge:
+        """The purge of ``context``'s client (made on first need)."""
+        with context.lock:
+            purge = context.orphans
+            if not isinstance(purge, cls):
+                purge = context.orphans = cls(context)
+        return purge
+
+    def later(self, parent: str, prefix: str) -> None:
+        """Remove the children of ``parent`` whose name starts with ``prefix``, in the
+        background."""
+        with self._lock:
+            self._pending.add((parent, prefix))
+        self._start()
+
+    def pending(self) -> set[tuple[str, str]]:
+        """The (parent, prefix) removals not done yet."""
+        with self._lock:
+            return set(self._pending)
+
+    def resume(self) -> None:
+        """Go on with the pending removals (the client is connected again)."""
+        with self._lock:
+            pending = bool(self._pending)
+        if pending:
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._purging:
+                return
+            self._purging = True
+        self._context.handler.spawn(self._run)
+
+    def _run(self) -> None:
+        """The purge thread: purge until nothing is pending or the client is not connected,
+        and never leave a purge behind that a caller counted on us for."""
+        while True:
+            try:
+                self._purge_pending()
+            finally:
+                with self._lock:
+                    self._purging = False
+            # A later(), or the CONNECTED listener, that came while we were on our way out saw
+            # _purging still set and left its work to us: look again now that it is clear.
+            client = self._client_ref()
+            with self._lock:
+                if (
+                    self._purging
+                    or not self._pending
+                    or client is None
+                    or adapter.is_closed(client)
+                    or client.state != KazooState.CONNECTED
+                ):
+                    return
+                self._purging = True
+            del client
+
+    def _purge_pending(self) -> None:
+        backoff = 0.05
+        while True:
+            client = self._client_ref()
+            with self._lock:
+                pending = list(self._pending)
+            if client is None or not pending or adapter.is_closed(client):
+                return
+            if client.state != KazooState.CONNECTED:
+                return  # the CONNECTED listener starts us again
+            failed = False
+            timeout = self._context.timing.idle_gap
+            for parent, prefix in pending:
+                try:
+                    for node in remove_attempt(client, parent, prefix, Deadline(timeout)):
+                        logger.info("removed orphaned contender %s", node)
+                except NoNodeError:
+                    pass  # the parent (and so our node) is gone already
+                except Exception as exc:  # a timeout or connection loss: retry below
+                    logger.debug("purge of %s/%s* failed: %r", parent, prefix, exc)
+                    failed = True
+                    continue
+                with self._lock:
+                    self._pending.discard((parent, prefix))
+            del client
+            if failed:
+                self._context.handler.sleep_func(backoff)
+                backoff = min(backoff * 2, self._context.timing.idle_gap)
 
 
 def _first_child_ever(path: str) -> bool:

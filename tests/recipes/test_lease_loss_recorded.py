@@ -16,6 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, Mutex
+from celery_zklock.errors import LossCode
+from celery_zklock.locks.context import context_for
 from celery_zklock.locks.lease import Hold
 
 
@@ -23,7 +25,7 @@ def test_a_loss_being_declared_is_seen_by_check_on_another_thread(
     zk_client: KazooClient, lock_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lease = Mutex(zk_client, f"{lock_root}/k").acquire(timeout=5)
-    context = lease._hold.context
+    clock = context_for(zk_client).clock
     telling, go_on = threading.Event(), threading.Event()
     clock_thread: list[threading.Thread] = []
 
@@ -40,14 +42,17 @@ def test_a_loss_being_declared_is_seen_by_check_on_another_thread(
     monkeypatch.setattr(Hold, "mark_lost", held_at(Hold.mark_lost))
     if hasattr(Hold, "tell_lost"):
         monkeypatch.setattr(Hold, "tell_lost", held_at(Hold.tell_lost))
-    declaring = threading.Thread(target=context.declare_lost, args=("the clock ran out",))
+    declaring = threading.Thread(
+        target=clock.declare_lost, args=(LossCode.LEASE_CLOCK, "the clock ran out")
+    )
     clock_thread.append(declaring)
     declaring.start()
     try:
         assert telling.wait(10), "the clock did not get to telling the loss"
         assert lease.lost
-        with pytest.raises(LockLost, match="the clock ran out"):
+        with pytest.raises(LockLost, match="the clock ran out") as raised:
             lease.check()
+        assert raised.value.code == LossCode.LEASE_CLOCK
     finally:
         go_on.set()
         declaring.join(10)

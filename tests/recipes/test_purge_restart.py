@@ -1,4 +1,4 @@
-"""Orphan purges (``ClientContext.purge_later``) are never lost to a race with the reconnect.
+"""Orphan purges (``OrphanPurge.later``) are never lost to a race with the reconnect.
 
 The purge thread stops when it finds the client not connected and leaves the rest to the
 CONNECTED listener; the listener starts no second purge thread while the first is running. A
@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from celery_zklock.locks.context import context_for
+from celery_zklock.locks.queue import OrphanPurge
 from celery_zklock.testing.proxy import TcpProxy
 from tests.lockutil import wait_for
 
@@ -71,10 +72,10 @@ def test_a_purge_survives_a_reconnect_met_while_the_purge_thread_is_leaving(
     parent = f"{lock_root}/k"
     zk_client.ensure_path(parent)
     orphan = client.create(f"{parent}/_c_orphan-lock-", ephemeral=True, sequence=True)
-    context = context_for(client)
+    purge = OrphanPurge.of(context_for(client))
 
-    run_purges = context._run_purges
-    start_purges = context._start_purges
+    run_purges = purge._run
+    start_purges = purge._start
     listener_saw_purging: list[bool] = []
 
     def purge_thread() -> None:
@@ -85,22 +86,22 @@ def test_a_purge_survives_a_reconnect_met_while_the_purge_thread_is_leaving(
     def start_purges_then_release() -> None:
         connected = client.__dict__["_held_state"] == KazooState.CONNECTED
         if connected:  # the reconnect's listener (kazoo sets the state before calling them)
-            listener_saw_purging.append(context._purging)
+            listener_saw_purging.append(purge._purging)
         start_purges()
         if connected:
             client.release_read.set()
 
-    monkeypatch.setattr(context, "_run_purges", purge_thread)
-    monkeypatch.setattr(context, "_start_purges", start_purges_then_release)
+    monkeypatch.setattr(purge, "_run", purge_thread)
+    monkeypatch.setattr(purge, "_start", start_purges_then_release)
 
     proxy.refuse = True
     proxy.cut()
     wait_for(lambda: client.state != KazooState.CONNECTED, 10, "the client to see the cut")
-    context.purge_later(parent, "_c_orphan-")  # e.g. an abandon() that met ConnectionLoss
+    purge.later(parent, "_c_orphan-")  # e.g. an abandon() that met ConnectionLoss
     assert client.read_held.wait(10), "the purge thread did not look at the state"
     proxy.refuse = False
 
     # The same session reconnects: the orphan is ours and must go now that we are connected.
     wait_for(lambda: zk_client.exists(orphan) is None, 10, f"the purge to remove {orphan}")
     assert listener_saw_purging == [True], "the race was not produced"
-    wait_for(lambda: not context.pending_purges(), 10, "no purge to be left pending")
+    wait_for(lambda: not purge.pending(), 10, "no purge to be left pending")

@@ -19,7 +19,7 @@ from kazoo.exceptions import ConnectionLoss
 
 from celery_zklock.locks.contenders import MUTEX
 from celery_zklock.locks.context import context_for
-from celery_zklock.locks.queue import ContenderQueue
+from celery_zklock.locks.queue import ContenderQueue, OrphanPurge
 from tests.lockutil import wait_for
 
 PREFIX = "_c_0f2c9a3e-5b1d-4c7e-9a1f-3d2e4b5c6a7f-"
@@ -92,7 +92,7 @@ def test_abandon_does_not_trust_a_listing_whose_sync_failed(spy: SpyClient, lock
     context = context_for(spy)
     spy.fail_syncs.set()
     ContenderQueue(context, parent, MUTEX).abandon(PREFIX)
-    assert (parent, PREFIX) in context.pending_purges()
+    assert (parent, PREFIX) in OrphanPurge.of(context).pending()
     assert spy.exists(node) is not None
     spy.fail_syncs.clear()
     wait_for(lambda: spy.exists(node) is None, 10, "the background purge to remove the node")
@@ -105,8 +105,8 @@ def test_the_orphan_purge_syncs_right_before_its_listing(spy: SpyClient, lock_ro
     """Before the fix: the purge listed without a sync."""
     parent = f"{lock_root}/k"
     node = _orphan(spy, parent)
-    context = context_for(spy)
-    context.purge_later(parent, PREFIX)
-    wait_for(lambda: not context.pending_purges(), 10, "the purge to finish")
+    purge = OrphanPurge.of(context_for(spy))
+    purge.later(parent, PREFIX)
+    wait_for(lambda: not purge.pending(), 10, "the purge to finish")
     assert spy.exists(node) is None
     assert _on(spy.calls, parent) == [("sync", parent), ("list", parent), ("delete", node)]

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 import celery_zklock
 from celery_zklock import ConfigurationError, metrics, signals
+from celery_zklock.errors import LossCode
 from celery_zklock.metrics import (
     BUCKETS,
     INSTALL_HINT,
@@ -45,84 +46,61 @@ def test_every_busy_policy_maps_to_an_outcome_or_waits() -> None:
 
 # -- lost reasons ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("reason", "kind"),
+    ("code", "kind"),
     [
-        ("the ZooKeeper session expired", "session_expired"),
-        ("the ZooKeeper session expired before release", "session_expired"),
-        ("the ZooKeeper session changed", "session_expired"),
-        (
-            "the ZooKeeper session that created the lock node ended before release",
-            "session_expired",
-        ),
-        (
-            "no answer from the ZooKeeper leader in time (session timeout 4s): the session may "
-            "expire and another client be granted the lock",
-            "lease_clock",
-        ),
-        (
-            "the lease clock ran out before release (no answer from the ZooKeeper leader in "
-            "time, or the process was paused): another holder may have run meanwhile",
-            "lease_clock",
-        ),
-        ("the lock node was deleted by someone else while it was held", "node_deleted"),
-        ("broken by operator alice@ops: stuck since Monday", "broken"),
-        ("a cosmic ray", "other"),
+        *((code, code.value) for code in LossCode),
+        ("session_expired", "session_expired"),  # a value, as after a JSON round trip
+        ("broken", "broken"),
+        ("the ZooKeeper session expired", "other"),  # a reason text is no code
+        ("a code from a newer version", "other"),
         ("", "other"),
         (None, "other"),
+        (7, "other"),
     ],
 )
-def test_lost_reason(reason: Any, kind: str) -> None:
-    assert lost_reason(reason) == kind
+def test_lost_reason(code: Any, kind: str) -> None:
+    assert lost_reason(code) == kind
     assert kind in LOST_REASONS
 
 
-def _reasons_given_by_the_lease_code() -> list[str]:
-    """Every reason text celery_zklock/locks passes to ``mark_lost`` / ``declare_lost``: string
-    literals, f-strings (placeholders as ``X``), and what a same-module method called as the
-    argument returns (``self._expired_reason()``)."""
+def test_every_loss_code_is_a_label_of_its_own() -> None:
+    assert {code.value for code in LossCode} | {"other"} == set(LOST_REASONS)
+    assert len(LOST_REASONS) == len(set(LOST_REASONS))
 
-    def text(node: ast.expr) -> str | None:
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return node.value
-        if isinstance(node, ast.JoinedStr):
-            return "".join(text(part) or "X" for part in node.values)
-        return None
 
-    found: list[str] = []
+def _codes_given_by_the_lease_code() -> set[str]:
+    """The LossCode members celery_zklock/locks names; and a check that every call of
+    ``mark_lost`` / ``record_lost`` / ``declare_lost`` there passes a ``LossCode.X`` (or a
+    variable carrying one) as its code."""
+    named: set[str] = set()
     for source in sorted(LOCKS.glob("*.py")):
         tree = ast.parse(source.read_text())
-        returns = {
-            fn.name: [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value]
-            for fn in ast.walk(tree)
-            if isinstance(fn, ast.FunctionDef)
-        }
-        for call in ast.walk(tree):
-            if not (
-                isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Attribute)
-                and call.func.attr in ("mark_lost", "declare_lost")
-                and call.args
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "LossCode"
             ):
-                continue
-            arg = call.args[0]
-            if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
-                values = returns.get(arg.func.attr, [])
-                assert values, f"{source.name}: cannot read the reason {ast.unparse(arg)}"
-                found += [t for t in map(text, values) if t is not None]
-            elif (reason := text(arg)) is not None:
-                found.append(reason)
-            else:
-                assert isinstance(arg, ast.Name), f"{source.name}: reason {ast.unparse(arg)}"
-    return found
+                named.add(node.attr)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("mark_lost", "record_lost", "declare_lost")
+            ):
+                assert node.args, f"{source.name}: {ast.unparse(node)} passes no code"
+                code = node.args[0]
+                assert isinstance(code, ast.Name) or (
+                    isinstance(code, ast.Attribute)
+                    and isinstance(code.value, ast.Name)
+                    and code.value.id == "LossCode"
+                ), f"{source.name}: {ast.unparse(node)} passes no LossCode"
+    return named
 
 
-def test_every_reason_the_lease_code_gives_has_a_kind() -> None:
-    """A new reason in celery_zklock/locks must get a kind here, not land in ``other``."""
-    reasons = _reasons_given_by_the_lease_code()
-    assert len(reasons) >= 7, reasons  # the scan found the known ones
-    unmapped = [r for r in reasons if lost_reason(r) == "other"]
-    assert unmapped == []
-    assert {lost_reason(r) for r in reasons} == {"session_expired", "lease_clock", "node_deleted"}
+def test_every_loss_the_lease_code_declares_carries_a_code() -> None:
+    """Each cause has its code where the lease code declares it; tests/recipes/
+    test_loss_codes.py checks on a real ZooKeeper that each cause gives its code."""
+    assert _codes_given_by_the_lease_code() == set(LossCode.__members__)
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -197,8 +175,10 @@ def release(task_id: str, token: int, held: float = 0.3, lost: bool = False) -> 
     )
 
 
-def lose(task_id: str, token: int, reason: str) -> None:
-    signals.lock_lost.send(sender=TASK, task_id=task_id, path="/p", token=token, reason=reason)
+def lose(task_id: str, token: int, code: LossCode | None) -> None:
+    signals.lock_lost.send(
+        sender=TASK, task_id=task_id, path="/p", token=token, reason=f"text of {code}", code=code
+    )
 
 
 def test_signals_become_metrics(registry: CollectorRegistry) -> None:
@@ -225,7 +205,7 @@ def test_a_loss_is_counted_once_whichever_signal_tells_it_first(
 ) -> None:
     # told while held, then released lost: counted with its reason
     grant("a", 1)
-    lose("a", 1, "the ZooKeeper session expired")
+    lose("a", 1, LossCode.SESSION_EXPIRED)
     release("a", 1, lost=True)
     # found at the release only (no lock_lost): counted, reason unknown
     grant("b", 2)
@@ -233,11 +213,27 @@ def test_a_loss_is_counted_once_whichever_signal_tells_it_first(
     # told after the release (the lease clock's thread was late): not counted again
     grant("c", 3)
     release("c", 3, lost=True)
-    lose("c", 3, "no answer from the ZooKeeper leader in time")
+    lose("c", 3, LossCode.LEASE_CLOCK)
+    # told with a code this version does not know (or none): counted as other
+    grant("d", 4)
+    lose("d", 4, None)
+    release("d", 4, lost=True)
     assert sample(registry, "zklock_lost_total", reason="session_expired") == 1
-    assert sample(registry, "zklock_lost_total", reason="other") == 2
+    assert sample(registry, "zklock_lost_total", reason="other") == 3
     assert sample(registry, "zklock_lost_total", reason="lease_clock") == 0
     assert sample(registry, "zklock_leases_held") == 0
+
+
+def test_a_lost_signal_is_counted_by_its_code_not_its_text(registry: CollectorRegistry) -> None:
+    for token, code in enumerate(LossCode, start=1):
+        grant("a", token)
+        signals.lock_lost.send(
+            sender=TASK, task_id="a", path="/p", token=token, reason="a cosmic ray", code=code
+        )
+        release("a", token, lost=True)
+    for code in LossCode:
+        assert sample(registry, "zklock_lost_total", reason=code.value) == 1, code
+    assert sample(registry, "zklock_lost_total", reason="other") == 0
 
 
 def test_a_timeout_signal_counts_timed_out(registry: CollectorRegistry) -> None:

@@ -1,0 +1,167 @@
+"""Break watches: how a holder learns that an operator broke its lease, or deleted its node.
+
+A lease held for a renewal interval ``R`` gets its node read once, with a data watch, at the
+lease clock's next tick (:meth:`BreakWatches.watch_due`); a lease released within ``R`` costs no
+request for this. A break request in the node's data (:func:`~celery_zklock.locks.lease.
+break_reason`, written before or after the watch was set) ends the lease with
+:attr:`~celery_zklock.errors.LossCode.BROKEN`, and the node's deletion by anyone else
+(``celery zklock break --force``) with :attr:`~celery_zklock.errors.LossCode.NODE_DELETED`.
+
+What is found here is only noted and the clock woken: the clock's thread ends the lease
+(:meth:`~celery_zklock.locks.clock.LeaseClock.apply_breaks`), like every other loss it declares.
+The watches run on kazoo's event thread and never block. Everything here is guarded by the
+client's one lock, which the clock passes in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionClosedError, NoNodeError
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from celery_zklock.errors import LossCode
+from celery_zklock.locks import adapter
+from celery_zklock.locks.lease import Hold, break_reason
+
+logger = logging.getLogger("celery_zklock.locks")
+
+DELETED = "the lock node was deleted by someone else while it was held"
+
+
+class BreakWatches:
+    """The break watches of one client's leases.
+
+    ``lock`` guards this object's state and ``watch_refs`` (the client's count of its watches
+    per node, shared with waiters: one server watch per session and path). ``is_timed(held)``
+    (called under ``lock``) says whether the clock still times a lease; ``wake()`` wakes the
+    clock's thread to act on a break.
+    """
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        watch_refs: dict[str, int],
+        is_timed: Callable[[Hold], bool],
+        wake: Callable[[], None],
+    ) -> None:
+        self._lock = lock
+        self._watch_refs = watch_refs
+        self._is_timed = is_timed
+        self._wake = wake
+        #: Timed leases whose node is not read for break requests yet -> when timing began.
+        self._unwatched: dict[Hold, float] = {}
+        #: Leases whose node has our break watch (counted in watch_refs until forgotten).
+        self._watched: set[Hold] = set()
+        #: Breaks (requests read, nodes deleted) for the clock to act on.
+        self._found: dict[Hold, tuple[LossCode, str]] = {}
+
+    # -- called by the clock, under the lock ----------------------------------------------
+    def begin_locked(self, held: Hold, now: float) -> None:
+        """``held`` is timed from ``now``: its node is read once it has been held for ``R``."""
+        self._unwatched[held] = now
+
+    def stop_reading_locked(self, held: Hold) -> None:
+        """``held`` is lost: its node need not be read (a watch already set stays counted)."""
+        self._unwatched.pop(held, None)
+
+    def forget_locked(self, held: Hold) -> None:
+        """``held`` is released: drop everything about it."""
+        self._unwatched.pop(held, None)
+        self._found.pop(held, None)
+        if held in self._watched:
+            # The server's watch stays: our release deletes the node, which fires it.
+            self._watched.discard(held)
+            self._unref_watch_locked(held.node)
+
+    def take_found_locked(self) -> dict[Hold, tuple[LossCode, str]]:
+        """The breaks found since the last call: lease -> (code, reason)."""
+        found, self._found = self._found, {}
+        return found
+
+    # -- the watches ----------------------------------------------------------------------
+    def watch_due(self, client: KazooClient, now: float, renew_interval: float) -> None:
+        """Read, with a data watch, the node of every lease held for ``renew_interval`` (``R``)
+        or longer that has no watch yet: one request per lease that lives that long, none for
+        shorter ones."""
+        with self._lock:
+            due = [
+                held
+                for held, since in self._unwatched.items()
+                if since + renew_interval <= now  # as the renewal due time is computed
+            ]
+            for held in due:
+                del self._unwatched[held]
+                self._watched.add(held)
+                # A waiter of this client watching the same node must not remove the server's
+                # watch (one per session and path) when it stops waiting: count ours.
+                self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
+        for held in due:
+            self._read(client, held)
+
+    def _read(self, client: KazooClient, held: Hold) -> None:
+        """Read ``held``'s node and watch it; a break request found (now or at a later change)
+        is handed to the clock."""
+        node = held.node
+
+        def changed(event: WatchedEvent) -> None:
+            # kazoo's event thread: only send and note. Our own release forgets the lease
+            # before it deletes the node; NONE is kazoo dropping its watchers at a session's end.
+            if not self._is_watched(held):
+                return
+            if event.type == EventType.CHANGED:
+                self._read(client, held)
+            elif event.type == EventType.DELETED:
+                self._note(held, LossCode.NODE_DELETED, DELETED)
+
+        def answered(result: Any) -> None:
+            try:
+                data, _ = result.get_nowait()
+            except NoNodeError:
+                # kazoo registered the watcher all the same: drop it.
+                adapter.discard_data_watcher(client, node, changed)
+                self._note(held, LossCode.NODE_DELETED, DELETED)
+                return
+            except ConnectionClosedError:
+                return
+            except Exception:  # not answered (connection loss): read again at the next tick
+                logger.debug("break watch on %s not set", node, exc_info=True)
+                with self._lock:
+                    if held in self._watched and self._is_timed(held):
+                        self._watched.discard(held)
+                        self._unref_watch_locked(node)
+                        self._unwatched[held] = -math.inf
+                return
+            reason = break_reason(data)
+            if reason is not None:
+                self._note(held, LossCode.BROKEN, reason)
+
+        try:
+            client.get_async(node, watch=changed).rawlink(answered)
+        except Exception:  # the client is closing: the lease goes with it
+            logger.debug("break watch on %s could not be sent", node, exc_info=True)
+
+    def _note(self, held: Hold, code: LossCode, reason: str) -> None:
+        """Hand ``held``'s loss to the clock, if it still times the lease."""
+        with self._lock:
+            if not self._is_timed(held):
+                return
+            self._found[held] = (code, reason)
+        self._wake()
+
+    def _is_watched(self, held: Hold) -> bool:
+        with self._lock:
+            return held in self._watched
+
+    def _unref_watch_locked(self, node: str) -> None:
+        """Drop our count on ``node``'s watch."""
+        left = self._watch_refs.get(node, 0) - 1
+        if left > 0:
+            self._watch_refs[node] = left
+        else:
+            self._watch_refs.pop(node, None)

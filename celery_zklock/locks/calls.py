@@ -1,0 +1,66 @@
+"""Waiting on kazoo's asynchronous calls against a deadline.
+
+kazoo's synchronous calls wait without limit while the client is cut off, and its gevent
+handler's ``get(timeout=...)`` raises ``gevent.Timeout``, which cannot be told apart from a
+time limit the gevent pool throws into a task. So every request the library waits for is sent
+with ``*_async`` and awaited here: :func:`wait_result` waits in short slices
+(:func:`wait_slice`) until a :class:`Deadline`, raising
+:class:`~celery_zklock.errors.ZooKeeperUnavailable` when it passes; :func:`synced_children`
+lists a node's children as the leader has them. Nothing here keeps state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery_zklock.errors import ZooKeeperUnavailable
+
+#: Longest single blocking wait, in seconds: see :func:`wait_slice`.
+WAIT_SLICE = 0.1
+
+
+class Deadline:
+    """A point in monotonic time, or none (wait without limit)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float | None:
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
+
+    def expired(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+
+def wait_slice(deadline: Deadline) -> float:
+    """Wait in short slices: an exception thrown into this thread (PyThreadState_SetAsyncExc,
+    as Celery's threads pool revocation does) is only delivered between blocking calls."""
+    remaining = deadline.remaining()
+    return WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+
+
+def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
+    """Wait for a kazoo async result until ``deadline``; ZooKeeperUnavailable when it passes.
+
+    Waits with ``wait`` and never with ``get(timeout=...)``: the gevent handler's ``get``
+    raises ``gevent.Timeout`` on its own timeout, which cannot be told apart from a timeout
+    the gevent pool throws into the task (its time limit) and must not be swallowed.
+    Exceptions the request failed with propagate unchanged.
+    """
+    while not result.ready():
+        if deadline.expired():
+            raise ZooKeeperUnavailable(f"ZooKeeper did not answer in time while {what}")
+        result.wait(wait_slice(deadline))
+    return result.get()
+
+
+def synced_children(client: Any, path: str, io: Deadline, what: str) -> list[str]:
+    """The children of ``path`` as the leader had them when we asked: a ``sync`` and the listing
+    back to back (the server answers a session's requests in order, so it costs no round trip).
+    Raises what either request failed with (ZooKeeperUnavailable past ``io``)."""
+    synced = client.sync_async(path)
+    listing = client.get_children_async(path)
+    wait_result(synced, io, what)
+    children: list[str] = wait_result(listing, io, what)
+    return children
