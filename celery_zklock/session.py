@@ -11,7 +11,7 @@ not name) only shows in kazoo as a connect timeout; :func:`get_client` then make
 itself and raises :class:`ConfigurationError` naming TLS and the setting to fix.
 
 When a held lock counts as lost is the lease clock's business: see
-:mod:`celery_zklock.locks.clock` and :mod:`celery_zklock.locks.context`.
+:mod:`celery_zklock.locks.clock`.
 """
 
 from __future__ import annotations
