@@ -7,10 +7,10 @@ break_reason`, written before or after the watch was set) ends the lease with
 :attr:`~celery_zklock.errors.LossCode.BROKEN`, and the node's deletion by anyone else
 (``celery zklock break --force``) with :attr:`~celery_zklock.errors.LossCode.NODE_DELETED`.
 
-What is found here is only noted and the clock woken: the clock's thread ends the lease
-(:meth:`~celery_zklock.locks.clock.LeaseClock.apply_breaks`), like every other loss it declares.
-The watches run on kazoo's event thread and never block. Everything here is guarded by the
-client's one lock, which the clock passes in.
+What the watches find (on kazoo's event thread, which must not block) is only noted and the
+clock woken: the clock's thread ends the lease (:meth:`BreakWatches.apply`), like every other
+loss it declares. Everything here is guarded by the client's one lock, which the clock passes
+in with its set of timed leases.
 """
 
 from __future__ import annotations
@@ -37,22 +37,21 @@ DELETED = "the lock node was deleted by someone else while it was held"
 class BreakWatches:
     """The break watches of one client's leases.
 
-    ``lock`` guards this object's state and ``watch_refs`` (the client's count of its watches
-    per node, shared with waiters: one server watch per session and path). ``is_timed(held)``
-    (called under ``lock``) says whether the clock still times a lease; ``wake()`` wakes the
-    clock's thread to act on a break.
+    ``lock`` guards this object's state, ``timed`` (the clock's set of the leases it times) and
+    ``watch_refs`` (the client's count of its watches per node, shared with waiters: one server
+    watch per session and path). ``wake()`` wakes the clock's thread to act on a break.
     """
 
     def __init__(
         self,
         lock: threading.Lock,
+        timed: set[Hold],
         watch_refs: dict[str, int],
-        is_timed: Callable[[Hold], bool],
         wake: Callable[[], None],
     ) -> None:
         self._lock = lock
+        self._timed = timed
         self._watch_refs = watch_refs
-        self._is_timed = is_timed
         self._wake = wake
         #: Timed leases whose node is not read for break requests yet -> when timing began.
         self._unwatched: dict[Hold, float] = {}
@@ -79,10 +78,18 @@ class BreakWatches:
             self._watched.discard(held)
             self._unref_watch_locked(held.node)
 
-    def take_found_locked(self) -> dict[Hold, tuple[LossCode, str]]:
-        """The breaks found since the last call: lease -> (code, reason)."""
-        found, self._found = self._found, {}
-        return found
+    def apply(self) -> None:
+        """End the leases whose node was broken (on the clock's thread, like every other loss
+        the clock declares): recorded under the lock as the lease leaves the timed set, told
+        after it."""
+        with self._lock:
+            found, self._found = self._found, {}
+            told = []
+            for held, (code, reason) in found.items():
+                self._timed.discard(held)
+                told.append((held, reason, held.record_lost(code, reason)))
+        for held, reason, callbacks in told:
+            held.tell_lost(reason, callbacks)
 
     # -- the watches ----------------------------------------------------------------------
     def watch_due(self, client: KazooClient, now: float, renew_interval: float) -> None:
@@ -132,7 +139,7 @@ class BreakWatches:
             except Exception:  # not answered (connection loss): read again at the next tick
                 logger.debug("break watch on %s not set", node, exc_info=True)
                 with self._lock:
-                    if held in self._watched and self._is_timed(held):
+                    if held in self._watched and held in self._timed:
                         self._watched.discard(held)
                         self._unref_watch_locked(node)
                         self._unwatched[held] = -math.inf
@@ -149,7 +156,7 @@ class BreakWatches:
     def _note(self, held: Hold, code: LossCode, reason: str) -> None:
         """Hand ``held``'s loss to the clock, if it still times the lease."""
         with self._lock:
-            if not self._is_timed(held):
+            if held not in self._timed:
                 return
             self._found[held] = (code, reason)
         self._wake()

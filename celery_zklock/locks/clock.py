@@ -192,7 +192,7 @@ class LeaseClock:
         #: When the renewer will next wake by itself; inf while it is working out when.
         self._renewer_wakes_at = math.inf
         self._renew_event = client.handler.event_object()
-        self.breaks = BreakWatches(lock, watch_refs, self._timed.__contains__, self.wake)
+        self.breaks = BreakWatches(lock, self._timed, watch_refs, self.wake)
 
     def wake(self) -> None:
         """Wake the renewer to look again (a state change, a break found)."""
@@ -298,17 +298,6 @@ class LeaseClock:
         for held, callbacks in told:
             held.tell_lost(reason, callbacks)
 
-    def apply_breaks(self) -> None:
-        """End the leases whose node was broken (on the renewer's thread, like every other loss
-        the clock declares)."""
-        with self._lock:
-            told = []
-            for held, (code, reason) in self.breaks.take_found_locked().items():
-                self._timed.discard(held)
-                told.append((held, reason, held.record_lost(code, reason)))
-        for held, reason, callbacks in told:
-            held.tell_lost(reason, callbacks)
-
     def _client(self) -> KazooClient:
         client = self._client_ref()
         if client is None:  # pragma: no cover - a lock keeps its client alive
@@ -330,7 +319,7 @@ class LeaseClock:
         idle_since: float | None = None
         while True:
             client = client_ref()
-            self.apply_breaks()
+            self.breaks.apply()
             now = time.monotonic()
             timing = self._session.timing if client is not None else None
             with self._lock:
