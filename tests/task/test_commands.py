@@ -419,6 +419,7 @@ def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
     lost_lines = [line for line in worker_log.splitlines() if "event=lost" in line]
     assert len(lost_lines) == TRIALS
     assert all(f"reason=broken by operator {operator()}: trial" in line for line in lost_lines)
+    assert all(" code=broken " in line for line in lost_lines)
 
 
 @pytest.mark.parametrize("pool", ["threads", "gevent"])
