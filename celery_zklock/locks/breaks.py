@@ -2,8 +2,8 @@
 
 A lease held for a renewal interval ``R`` gets its node read once, with a data watch, at the
 lease clock's next tick (:meth:`BreakWatches.watch_due`); a lease released within ``R`` costs no
-request for this. A break request in the node's data (:func:`~celery_zklock.locks.lease.
-break_reason`, written before or after the watch was set) ends the lease with
+request for this. A break request in the node's data (written before or after the watch was
+set; see :func:`~celery_zklock.locks.lease.break_reason`) ends the lease with
 :attr:`~celery_zklock.errors.LossCode.BROKEN`, and the node's deletion by anyone else
 (``celery zklock break --force``) with :attr:`~celery_zklock.errors.LossCode.NODE_DELETED`.
 
@@ -31,6 +31,7 @@ from celery_zklock.locks.lease import Hold, break_reason
 
 logger = logging.getLogger("celery_zklock.locks")
 
+#: The reason of a lease whose node someone else deleted (found by its watch or at release).
 DELETED = "the lock node was deleted by someone else while it was held"
 
 

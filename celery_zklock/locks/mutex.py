@@ -22,6 +22,7 @@ from kazoo.exceptions import (
 )
 
 from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
+from celery_zklock.locks.breaks import DELETED
 from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
 from celery_zklock.locks.context import ClientContext, context_for
@@ -287,10 +288,7 @@ class Mutex:
         try:
             self._queue.delete(hold.node, Deadline(context.timing.idle_gap))
         except NoNodeError:
-            hold.mark_lost(
-                LossCode.NODE_DELETED,
-                "the lock node was deleted by someone else while it was held",
-            )
+            hold.mark_lost(LossCode.NODE_DELETED, DELETED)
         except SessionExpiredError:
             hold.mark_lost(LossCode.SESSION_EXPIRED, "the ZooKeeper session expired before release")
         except (ZooKeeperUnavailable, KazooException):
