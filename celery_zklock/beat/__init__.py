@@ -1,4 +1,10 @@
-"""Highly available ``celery beat`` (being split into a package: see beat/scheduler.py)."""
+"""Highly available ``celery beat``: every beat process runs
+``celery -A proj beat -S celery_zklock.beat:LeaderScheduler``, one is elected through a
+ZooKeeper lock (:mod:`~celery_zklock.beat.election`) and only it sends
+(:mod:`~celery_zklock.beat.scheduler`), recording each send in the schedule's state kept in
+ZooKeeper (:mod:`~celery_zklock.beat.state`) so that the next leader neither repeats a recorded
+send nor skips a due time. The settings, the guarantees and their limits: ``docs/beat.md``.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +12,28 @@ from celery_zklock.beat.scheduler import (
     DEFAULT_SCHEDULER,
     BeatSettings,
     LeaderScheduler,
-    NotLeader,
+    beat_settings,
+)
+from celery_zklock.beat.state import (
     RunRecord,
-    Superseded,
-    Term,
-    ZooKeeperState,
     apply_record,
     apply_records,
-    beat_settings,
     decode_state,
     encode_state,
-    ensure_held,
-    guarded_producer,
     record_of,
     records_of_new_entries,
-    scheduler_class,
 )
 
 __all__ = [
     "DEFAULT_SCHEDULER",
     "BeatSettings",
     "LeaderScheduler",
-    "NotLeader",
     "RunRecord",
-    "Superseded",
-    "Term",
-    "ZooKeeperState",
     "apply_record",
     "apply_records",
     "beat_settings",
     "decode_state",
     "encode_state",
-    "ensure_held",
-    "guarded_producer",
     "record_of",
     "records_of_new_entries",
-    "scheduler_class",
 ]

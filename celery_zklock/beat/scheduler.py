@@ -1,119 +1,63 @@
-"""Highly available ``celery beat``: every beat process runs, one is elected and only it sends.
-
-``celery -A proj beat -S celery_zklock.beat:LeaderScheduler``
-
-**Election.** Every beat process contends for a :class:`~celery_zklock.Mutex` on
-``<zklock_root>/beat/<name>/leader`` (``<name>``: the setting ``zklock_beat_name``, by default
-the app's main name). The holder leads; the others wait in the lock's queue, each watching only
-its predecessor (one notification per change, however many standbys). A leader that dies takes
-its contender node with its session, so the next standby is granted once the server expires that
-session (at most ``1.5 T + 1 s``, ``T`` the negotiated session timeout); a leader that stops
-(SIGTERM) deletes its node and closes its session, and hands over at once.
-
-**Wrapping.** For each term of leadership the leader builds an instance of the scheduler class
-named by ``zklock_beat_scheduler`` (default Celery's ``PersistentScheduler``; any
-``celery.beat.Scheduler``, django-celery-beat's ``DatabaseScheduler`` included) and delegates
-every tick to it; it does not subclass it. Three of that instance's own methods are wrapped on
-the instance: ``is_due`` (the stored last run time is applied to the entry first), ``reserve``
-and ``apply_async`` (the lease is checked before, the new last run time recorded after); and the
-instance gets a producer whose every publish attempt, retries included, checks the lease too.
-So the wrapped class must follow :class:`celery.beat.Scheduler`'s protocol (``tick`` decides
-with ``is_due``, advances with ``reserve`` and sends through ``apply_async``, as Celery's and
-django-celery-beat's schedulers do). A standby builds no scheduler instance and sends nothing.
-
-**Stop before another can be elected.** Right before every send the leader reads
-:attr:`Lease.lost <celery_zklock.Lease.lost>`. That is read from the lease clock
-(:mod:`celery_zklock.locks.clock`): it is true from a margin (``max(0.25 s, T/10)``) *before*
-the ZooKeeper leader could expire the session and grant the lock to another beat, and also as
-soon as a paused process runs again. So the check is sufficient: a send that passes it is
-published before any other beat can lead, unless this process stalls between the check and the
-publish for longer than the margin (the limit every lease has: see "Safety trade-offs" in the
-README). The lease is released on purpose (shutdown, step-down) only while no send is between
-its check and the write of its record. ``celery beat``'s SIGTERM/SIGINT handler calls
-``close()`` and raises SystemExit on the main thread wherever it is, possibly in the middle of a
-send: that close is carried out when the send is recorded (:class:`SendLock`), and the
-SystemExit goes on to Celery's loop, which exits. A beat whose lease is lost sends nothing more,
-drops its scheduler instance, and contends again at the end of the queue.
-
-**The schedule's state.** ``PersistentScheduler`` keeps each entry's ``last_run_at`` in a shelve
-file of its own process, which a standby cannot see. Here the leaders keep it in ZooKeeper: one
-JSON document at ``<zklock_root>/beat/<name>/schedule`` (:func:`encode_state`) with each
-entry's last run time and run count. A new leader reads it (after a ``sync``) and writes it back
-under its fencing token with a versioned ``set`` before its first tick: a write that the
-previous leader still had in flight either landed before that read or fails on the version. It
-applies the stored times to its scheduler's entries (they replace the scheduler's own: a fresh
-shelve holds "now"), and records each send right after it, again with a versioned ``set`` and
-only while the lease is valid. A write refused on the version means another leader wrote: this
-one steps down.
-
-An entry no leader has sent yet is recorded too, with run count 0 and as last run time the one
-its scheduler gave it: for a new entry, the moment a leader first saw it (in the claim, or in
-the first tick that finds it in the schedule). That is what a single beat's shelve keeps for
-it, so its first due time counts from there, across takeovers, as it would for one persistent
-beat; without it each new leader would start the interval afresh, and an entry with a period
-longer than the time between takeovers (a daily entry, a deploy every few hours) would never be
-sent. A baseline older than the interval (the group was stopped) makes the entry due once at
-the next tick, as a shelve does.
-
-**Exactly once, at a takeover.** Every send is decided from the last run time recorded in
-ZooKeeper and is recorded before the leader's next send. So a new leader starts from the last
-recorded send: it re-sends no due time whose send was recorded, skips none, and sends the first
-due time after the last recorded send once. Due times that fell in the takeover gap (from the old
-leader's last send to the new leader's first tick, about one session timeout after a crash) are
-coalesced into that one send, as Celery does for any beat that was down: ``is_due`` says "due
-now", not how many times. The one exception is a send whose record did not reach ZooKeeper (the
-leader died, stalled past its session, or lost ZooKeeper between the publish and the write, one
-ZooKeeper round trip): the next leader sends that due time again. That is at-least-once, never a
-skip. Last run times are the sending host's wall clock: keep the beat hosts' clocks synchronised
-(a new leader whose clock runs ``s`` seconds ahead sends ``s`` seconds early).
+"""``LeaderScheduler``, the ``celery beat`` scheduler of a highly available beat group
+(``celery -A proj beat -S celery_zklock.beat:LeaderScheduler``): every beat process runs it,
+only the elected one (:mod:`celery_zklock.beat.election`) sends. For each term of leadership it
+builds an instance of the scheduler class ``zklock_beat_scheduler`` names and delegates every
+tick to it (a :class:`Term`), wrapping that instance's ``is_due``, ``reserve`` and
+``apply_async`` and its producer's publish so that every send is checked against the lease
+before and recorded in the schedule's state (:mod:`celery_zklock.beat.state`) after; the
+wrapped class must tick the way :class:`celery.beat.Scheduler` does. The guarantees (it stops
+sending before another beat can lead; exactly once at a takeover, except a send whose record did
+not reach ZooKeeper) and their limits: ``docs/beat.md``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException
 
-from celery_zklock.config import settings_of
+from celery_zklock.beat.election import Elector, HeldLease, NotLeader, SendLock, ensure_held
+from celery_zklock.beat.state import (
+    RunRecord,
+    StateStore,
+    Superseded,
+    ZooKeeperState,
+    apply_record,
+    apply_records,
+    encode_state,
+    record_of,
+    records_of_new_entries,
+)
+from celery_zklock.config import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
+from celery_zklock.config import settings_of, text_setting
 from celery_zklock.errors import ConfigurationError, ZooKeeperUnavailable
 from celery_zklock.locks import Lease, Mutex, adapter
-from celery_zklock.locks.context import Deadline, wait_result
 from celery_zklock.session import new_client, tls_problem
 from celery_zklock.validate import forbidden_in_znode
 
 __all__ = [
+    "CLAIM_ATTEMPTS",
     "DEFAULT_SCHEDULER",
     "BeatSettings",
     "LeaderScheduler",
-    "RunRecord",
-    "apply_record",
-    "apply_records",
+    "Term",
     "beat_settings",
-    "decode_state",
-    "encode_state",
-    "record_of",
-    "records_of_new_entries",
+    "close_quietly",
+    "guarded_producer",
+    "scheduler_class",
 ]
 
 logger = logging.getLogger("celery_zklock.beat")
 
-DEFAULT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
-"""The scheduler class wrapped when ``zklock_beat_scheduler`` is not set."""
-STATE_FORMAT: Final = 1
-"""The version of the state document's layout (:func:`encode_state`)."""
-RETRY_DELAY: Final = 1.0
-"""Seconds between attempts after ZooKeeper failed the election or a term's start."""
 CLAIM_ATTEMPTS: Final = 3
 """How often a new leader re-reads the state when its first write loses a version race."""
 
@@ -143,13 +87,6 @@ class BeatSettings:
         return f"{self.root}/beat/{self.name}/schedule"
 
 
-def _setting(conf: Mapping[str, Any], name: str) -> str | None:
-    value = conf.get(name)
-    if value is None:
-        value = os.environ.get(name.upper())
-    return None if value is None or str(value) == "" else str(value)
-
-
 def beat_settings(app: Any) -> BeatSettings:
     """The beat settings of ``app``: ``zklock_beat_name`` (env ``ZKLOCK_BEAT_NAME``, default
     ``app.main``), ``zklock_beat_scheduler`` (env ``ZKLOCK_BEAT_SCHEDULER``, default
@@ -160,7 +97,7 @@ def beat_settings(app: Any) -> BeatSettings:
     main name and no ``zklock_beat_name``), or a scheduler naming this class.
     """
     conf = app.conf
-    name = _setting(conf, "zklock_beat_name")
+    name = text_setting(conf, "zklock_beat_name")
     if name is None:
         main = getattr(app, "main", None)
         if not main or main == "__main__":
@@ -175,7 +112,7 @@ def beat_settings(app: Any) -> BeatSettings:
         raise ConfigurationError(
             f"zklock_beat_name must be one znode name, got {name!r} ({problem})"
         )
-    scheduler = _setting(conf, "zklock_beat_scheduler") or DEFAULT_SCHEDULER
+    scheduler = text_setting(conf, "zklock_beat_scheduler") or DEFAULT_SCHEDULER
     if scheduler.replace(":", ".").rsplit(".", 1)[-1] == LeaderScheduler.__name__:
         raise ConfigurationError(
             f"zklock_beat_scheduler names {scheduler!r}: it must name the scheduler the leader "
@@ -201,160 +138,6 @@ def scheduler_class(spec: str) -> Any:
     return cls
 
 
-# -- the schedule's state (pure) ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """The last send of one schedule entry: when (timezone-aware) and how many sends so far."""
-
-    last_run_at: datetime
-    total_run_count: int
-
-
-def _as_utc(moment: datetime) -> datetime:
-    # Celery reads a naive last_run_at as UTC (celery.utils.time.maybe_make_aware).
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
-
-
-def record_of(entry: Any) -> RunRecord:
-    """The record of a schedule entry's ``last_run_at`` and ``total_run_count``."""
-    return RunRecord(_as_utc(entry.last_run_at), int(entry.total_run_count or 0))
-
-
-def apply_record(entry: Any, record: RunRecord) -> bool:
-    """Give ``entry`` the recorded last run time and run count; True if either changed.
-
-    The stored time replaces the entry's own (a scheduler's fresh entry holds the time it was
-    created, which is not a send). It keeps the entry's convention: naive UTC stays naive, an
-    aware time is given in the entry's own zone.
-    """
-    current = getattr(entry, "last_run_at", None)
-    if current is None or current.tzinfo is not None:
-        zone = timezone.utc if current is None else current.tzinfo
-        moment = record.last_run_at.astimezone(zone)
-    else:
-        moment = record.last_run_at.astimezone(timezone.utc).replace(tzinfo=None)
-    changed = current != moment or entry.total_run_count != record.total_run_count
-    if changed:
-        entry.last_run_at = moment
-        entry.total_run_count = record.total_run_count
-    return changed
-
-
-def apply_records(entries: Mapping[str, Any], records: Mapping[str, RunRecord]) -> list[str]:
-    """:func:`apply_record` for every entry with a record; the names of the entries changed.
-    Entries without a record keep their own times; records without an entry are ignored."""
-    return [
-        name
-        for name, entry in entries.items()
-        if name in records and apply_record(entry, records[name])
-    ]
-
-
-def records_of_new_entries(
-    entries: Mapping[str, Any], records: Mapping[str, RunRecord]
-) -> dict[str, RunRecord]:
-    """:func:`record_of` each entry without a record (and with a last run time): for an entry
-    no leader has sent yet that is the time its scheduler first saw it (a fresh entry's
-    ``last_run_at`` is its creation time), which its first interval counts from."""
-    return {
-        name: record_of(entry)
-        for name, entry in entries.items()
-        if name not in records and getattr(entry, "last_run_at", None) is not None
-    }
-
-
-def encode_state(
-    records: Mapping[str, RunRecord], *, leader: str, token: int, written_at: datetime
-) -> bytes:
-    """The state document: ``{"format", "leader", "token", "written_at", "entries": {name:
-    {"last_run_at": ISO 8601 UTC, "total_run_count"}}}`` as UTF-8 JSON, entries sorted."""
-    document = {
-        "format": STATE_FORMAT,
-        "leader": leader,
-        "token": token,
-        "written_at": _as_utc(written_at).isoformat(),
-        "entries": {
-            name: {
-                "last_run_at": _as_utc(record.last_run_at).isoformat(),
-                "total_run_count": record.total_run_count,
-            }
-            for name, record in sorted(records.items())
-        },
-    }
-    return json.dumps(document, sort_keys=True).encode()
-
-
-def decode_state(data: bytes) -> dict[str, RunRecord]:
-    """The records of a state document; ``{}`` for an empty node.
-
-    Raises ValueError for anything :func:`encode_state` did not write (another format, bad JSON,
-    a missing or malformed field).
-    """
-    if not data:
-        return {}
-    try:
-        document = json.loads(data)
-        if document.get("format") != STATE_FORMAT:
-            raise ValueError(f"unknown format {document.get('format')!r}")
-        return {
-            str(name): RunRecord(
-                _as_utc(datetime.fromisoformat(fields["last_run_at"])),
-                int(fields["total_run_count"]),
-            )
-            for name, fields in document["entries"].items()
-        }
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a celery-zklock beat state document: {exc!r}") from exc
-
-
-# -- one term of leadership ---------------------------------------------------------------------
-
-
-class NotLeader(BaseException):
-    """This beat may not send (its lease is lost, or another leader wrote the state).
-
-    A ``BaseException``: it must pass through the ``except Exception`` with which Celery's
-    ``Scheduler.apply_entry`` logs and swallows a failed send, up to :meth:`LeaderScheduler.tick`.
-    """
-
-
-class Superseded(Exception):
-    """The state node was written by someone else since this beat read or wrote it."""
-
-
-class HeldLease(Protocol):
-    """What a term needs of its lease (a :class:`~celery_zklock.Lease`)."""
-
-    @property
-    def held(self) -> bool: ...
-
-    @property
-    def lost_reason(self) -> str | None: ...
-
-    @property
-    def token(self) -> int: ...
-
-
-class StateStore(Protocol):
-    """The schedule's state node (:class:`ZooKeeperState`)."""
-
-    def load(self) -> dict[str, RunRecord]: ...
-
-    def save(self, data: bytes) -> None: ...
-
-
-def ensure_held(lease: HeldLease) -> None:
-    """Raise :class:`NotLeader` unless ``lease`` is held: neither released nor lost, ``lost``
-    being read from the lease clock (:attr:`Lease.lost <celery_zklock.Lease.lost>`)."""
-    if not lease.held:
-        reason = lease.lost_reason or "it was released"
-        raise NotLeader(f"the leader lease is not held: {reason}")
-
-
 def guarded_producer(base: type[Any], check: Callable[[], None]) -> type[Any]:
     """A subclass of the producer class ``base`` that calls ``check()`` before every publish
     attempt (kombu's ``Producer.publish`` calls ``_publish`` once per attempt, again for each
@@ -368,62 +151,13 @@ def guarded_producer(base: type[Any], check: Callable[[], None]) -> type[Any]:
     return GuardedProducer
 
 
-class SendLock:
-    """The lock held from each send's lease check until its record is written, and by whoever
-    releases the lease (so never between the two). Reentrant.
-
-    A release asked for by the thread that holds it (``celery beat``'s SIGTERM handler runs
-    ``close()`` on the main thread, wherever that thread is: possibly inside a send) cannot
-    wait for it, and must not go ahead either: :meth:`defer` runs it when that thread lets go
-    of its outermost hold, after the send it interrupted is recorded.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._owner: int | None = None
-        self._depth = 0  # changed only by the owner, while it holds _lock
-        self._deferred: list[Callable[[], None]] = []
-
-    def __enter__(self) -> SendLock:
-        self._lock.acquire()
-        self._owner = threading.get_ident()
-        self._depth += 1
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        try:
-            if self._depth == 1:
-                while self._deferred:
-                    call = self._deferred.pop(0)
-                    try:
-                        call()
-                    except Exception:
-                        logger.exception("beat: a release deferred to the end of a send failed")
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self._owner = None
-            self._lock.release()
-
-    @property
-    def held_here(self) -> bool:
-        """True if the calling thread holds the lock."""
-        return self._depth > 0 and self._owner == threading.get_ident()
-
-    def defer(self, call: Callable[[], None]) -> None:
-        """Run ``call`` when the calling thread, which holds the lock, lets go of it."""
-        if not self.held_here:
-            raise RuntimeError("SendLock.defer called by a thread that does not hold it")
-        self._deferred.append(call)
-
-
 class Term:
     """One term of leadership: the wrapped scheduler instance built for it, its lease, and the
     schedule's state in ZooKeeper.
 
     :meth:`claim` loads the stored state and fences older leaders before the first
     :meth:`tick`; each tick is the wrapped scheduler's own, with its ``is_due``, ``reserve`` and
-    ``apply_async`` wrapped on the instance (see the module docstring). ``send_lock`` is held
+    ``apply_async`` wrapped on the instance (see ``docs/beat.md``). ``send_lock`` is held
     from each send's lease check until its record is written; whoever releases the lease holds
     it too.
     """
@@ -567,161 +301,6 @@ def close_quietly(scheduler: Any) -> None:
         logger.exception("beat: closing the scheduler of a term failed")
 
 
-class ZooKeeperState:
-    """The state node at ``path``: read after a ``sync``, written with versioned requests.
-
-    :meth:`save` raises :class:`Superseded` when someone else wrote since our last read or
-    write. After a write whose outcome is unknown (no answer in time, connection lost), the
-    next :meth:`save` reads the node first: holding our own last attempt it was written, holding
-    what we last knew it was not, anything else is someone else's write.
-    """
-
-    def __init__(self, client: KazooClient, path: str, timeout: Callable[[], float]) -> None:
-        self._client = client
-        self._path = path
-        self._timeout = timeout
-        self._version: int | None = None  # None: the node does not exist
-        self._known = b""
-        self._attempted: bytes | None = None
-
-    def _wait(self, request: Any, what: str) -> Any:
-        return wait_result(request, Deadline(self._timeout()), f"{what} {self._path}")
-
-    def _read(self) -> tuple[bytes, int | None]:
-        self._wait(self._client.sync_async(self._path), "syncing before reading")
-        try:
-            data, stat = self._wait(self._client.get_async(self._path), "reading")
-        except NoNodeError:
-            return b"", None
-        return bytes(data or b""), int(stat.version)
-
-    def load(self) -> dict[str, RunRecord]:
-        data, version = self._read()
-        self._known, self._version, self._attempted = data, version, None
-        try:
-            return decode_state(data)
-        except ValueError:
-            logger.error(
-                "beat: the schedule's state at %s cannot be read; starting from the "
-                "scheduler's own last run times and overwriting it",
-                self._path,
-                exc_info=True,
-            )
-            return {}
-
-    def save(self, data: bytes) -> None:
-        if self._attempted is not None:
-            current, version = self._read()
-            if version is not None and current == self._attempted:
-                self._known, self._version = current, version
-            elif current != self._known or version != self._version:
-                raise Superseded(f"{self._path} changed under us (version {version})")
-            self._attempted = None
-        self._attempted = data
-        try:
-            if self._version is None:
-                self._wait(self._client.create_async(self._path, data, makepath=True), "creating")
-                self._version = 0
-            else:
-                stat = self._wait(
-                    self._client.set_async(self._path, data, version=self._version), "writing"
-                )
-                self._version = int(stat.version)
-        except (BadVersionError, NodeExistsError, NoNodeError) as exc:
-            self._attempted = None
-            raise Superseded(f"{self._path}: {type(exc).__name__}") from exc
-        self._known, self._attempted = data, None
-
-
-# -- the election -------------------------------------------------------------------------------
-
-
-class Elector(threading.Thread):
-    """Contends for the leader lock in the background, for the life of the beat.
-
-    It blocks in :meth:`Mutex.acquire` while a standby, publishes the granted lease
-    (:attr:`lease`, :attr:`changed`), and releases it when it is lost, resigned or the beat
-    stops (under ``send_lock``, so never between a send's check and its publish), then
-    contends again.
-    """
-
-    def __init__(self, mutex: Mutex, identity: str, send_lock: SendLock, recheck: float) -> None:
-        super().__init__(name="zklock-beat-election", daemon=True)
-        self.changed = threading.Event()
-        """Set whenever :attr:`lease` changes."""
-        self._mutex = mutex
-        self._identity = identity
-        self._send_lock = send_lock
-        self._recheck = recheck
-        self._lock = threading.Lock()
-        self._lease: Lease | None = None
-        self._resigning: object = None
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
-
-    @property
-    def lease(self) -> Lease | None:
-        """The lease while this beat holds the leader lock, else None."""
-        with self._lock:
-            return self._lease
-
-    def resign(self, lease: object) -> None:
-        """Release ``lease`` (if it is still the current one) and contend again."""
-        with self._lock:
-            if self._lease is lease:
-                self._resigning = lease
-        self._wake.set()
-
-    def stop(self) -> None:
-        """Stop contending and release a held lease now (on the calling thread)."""
-        self._stopping.set()
-        self._wake.set()
-        with self._send_lock:
-            with self._lock:
-                lease, self._lease = self._lease, None
-            if lease is not None:
-                lease.release()
-                logger.info("beat: resigned the leadership of %s", self._mutex.path)
-        self.changed.set()
-
-    def run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                lease = self._mutex.acquire(data=self._identity.encode())
-            except Exception as exc:  # ZooKeeper unreachable, or the client stopped at close
-                if self._stopping.is_set():
-                    return
-                logger.warning(
-                    "beat: election on %s failed, trying again: %r", self._mutex.path, exc
-                )
-                self._stopping.wait(RETRY_DELAY)
-                continue
-            self._wake.clear()
-            lease.on_lost(lambda _reason: self._wake.set())
-            with self._lock:
-                stopping = self._stopping.is_set()
-                if not stopping:
-                    self._lease = lease
-            if stopping:
-                lease.release()
-                return
-            self.changed.set()
-            logger.info("beat: elected leader of %s (token %d)", self._mutex.path, lease.token)
-            while not (self._stopping.is_set() or lease.lost or self._resigning is lease):
-                self._wake.wait(self._recheck)
-                self._wake.clear()
-            resigned = self._resigning is lease
-            with self._send_lock:
-                with self._lock:
-                    if self._lease is lease:
-                        self._lease = None
-                    self._resigning = None
-                lease.release()
-            self.changed.set()
-            if resigned and not self._stopping.is_set():
-                self._stopping.wait(RETRY_DELAY)
-
-
 # -- the scheduler ------------------------------------------------------------------------------
 
 
@@ -729,7 +308,7 @@ class LeaderScheduler:
     """A ``celery beat`` scheduler that sends only while this process is the elected leader.
 
     ``celery -A proj beat -S celery_zklock.beat:LeaderScheduler`` on as many hosts as you like;
-    see the module docstring for the election, the guarantee and the state. Every keyword
+    see ``docs/beat.md`` for the election, the guarantee and the state. Every keyword
     ``celery beat`` passes (``schedule_filename``, ``max_interval``, ...) goes to the wrapped
     scheduler. ``lazy=True`` (``celery beat``'s banner) connects to nothing.
 
