@@ -8,12 +8,7 @@ send nor skips a due time. The settings, the guarantees and their limits: ``docs
 
 from __future__ import annotations
 
-from celery_zklock.beat.scheduler import (
-    DEFAULT_SCHEDULER,
-    BeatSettings,
-    LeaderScheduler,
-    beat_settings,
-)
+from celery_zklock.beat.scheduler import BeatSettings, LeaderScheduler, beat_settings
 from celery_zklock.beat.state import (
     RunRecord,
     apply_record,
@@ -23,6 +18,7 @@ from celery_zklock.beat.state import (
     record_of,
     records_of_new_entries,
 )
+from celery_zklock.config import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
 
 __all__ = [
     "DEFAULT_SCHEDULER",

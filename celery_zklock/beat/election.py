@@ -16,8 +16,6 @@ from typing import Final, Protocol
 
 from celery_zklock.locks import Lease, Mutex
 
-__all__ = ["RETRY_DELAY", "Elector", "HeldLease", "NotLeader", "SendLock", "ensure_held"]
-
 logger = logging.getLogger("celery_zklock.beat")
 
 RETRY_DELAY: Final = 1.0

@@ -37,24 +37,11 @@ from celery_zklock.beat.state import (
     record_of,
     records_of_new_entries,
 )
-from celery_zklock.config import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
-from celery_zklock.config import settings_of, text_setting
+from celery_zklock.config import DEFAULT_BEAT_SCHEDULER, settings_of, text_setting
 from celery_zklock.errors import ConfigurationError, ZooKeeperUnavailable
 from celery_zklock.locks import Lease, Mutex, adapter
 from celery_zklock.session import new_client, tls_problem
 from celery_zklock.validate import forbidden_in_znode
-
-__all__ = [
-    "CLAIM_ATTEMPTS",
-    "DEFAULT_SCHEDULER",
-    "BeatSettings",
-    "LeaderScheduler",
-    "Term",
-    "beat_settings",
-    "close_quietly",
-    "guarded_producer",
-    "scheduler_class",
-]
 
 logger = logging.getLogger("celery_zklock.beat")
 
@@ -90,7 +77,7 @@ class BeatSettings:
 def beat_settings(app: Any) -> BeatSettings:
     """The beat settings of ``app``: ``zklock_beat_name`` (env ``ZKLOCK_BEAT_NAME``, default
     ``app.main``), ``zklock_beat_scheduler`` (env ``ZKLOCK_BEAT_SCHEDULER``, default
-    :data:`DEFAULT_SCHEDULER`) and the lock root.
+    :data:`~celery_zklock.config.DEFAULT_BEAT_SCHEDULER`) and the lock root.
 
     Raises ConfigurationError naming the bad setting: a name that is not one znode name (empty,
     ``.``, ``..``, a ``/`` or a character ZooKeeper refuses), no name at all (an app without a
@@ -112,7 +99,7 @@ def beat_settings(app: Any) -> BeatSettings:
         raise ConfigurationError(
             f"zklock_beat_name must be one znode name, got {name!r} ({problem})"
         )
-    scheduler = text_setting(conf, "zklock_beat_scheduler") or DEFAULT_SCHEDULER
+    scheduler = text_setting(conf, "zklock_beat_scheduler") or DEFAULT_BEAT_SCHEDULER
     if scheduler.replace(":", ".").rsplit(".", 1)[-1] == LeaderScheduler.__name__:
         raise ConfigurationError(
             f"zklock_beat_scheduler names {scheduler!r}: it must name the scheduler the leader "

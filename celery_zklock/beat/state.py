@@ -21,20 +21,6 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from celery_zklock.locks.context import Deadline, wait_result
 
-__all__ = [
-    "STATE_FORMAT",
-    "RunRecord",
-    "StateStore",
-    "Superseded",
-    "ZooKeeperState",
-    "apply_record",
-    "apply_records",
-    "decode_state",
-    "encode_state",
-    "record_of",
-    "records_of_new_entries",
-]
-
 logger = logging.getLogger("celery_zklock.beat")
 
 STATE_FORMAT: Final = 1

@@ -18,16 +18,6 @@ from celery_zklock import signals
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = [
-    "BUCKETS",
-    "LOST_REASONS",
-    "OUTCOMES",
-    "Recorder",
-    "active_recorder",
-    "busy_outcome",
-    "lost_reason",
-    "use_recorder",
-]
 
 OUTCOMES: Final = ("granted", "skipped", "timed_out", "busy_raised", "retried")
 """The ``outcome`` label of ``zklock_acquisitions_total``: one per attempt that got or gave up

@@ -36,7 +36,6 @@ from celery_zklock.metrics.recorder import Recorder, active_recorder, use_record
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["INSTALL_HINT", "metrics_addr", "metrics_port", "serve", "stop"]
 
 logger = logging.getLogger("celery_zklock.metrics")
 
