@@ -1,4 +1,10 @@
-"""Reading celery-zklock's settings the Celery way: ``app.conf.zklock_*``, else ``ZKLOCK_*`` env."""
+"""celery-zklock's app settings, read one way: ``app.conf.zklock_*``, else the ``ZKLOCK_*``
+environment variable of the same name in upper case, else the one default kept here.
+
+Every module that reads a setting (the lock layer, beat, metrics, the commands) reads it through
+:func:`setting` or :func:`settings_of`; each setting's default is one constant of this module,
+and ``docs/settings.md`` lists them. :class:`ClientConfig` is the connection part of the settings.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +13,107 @@ import sys
 import threading
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from kazoo.security import ACL
+from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import CREATOR_ACL, DEFAULT_SESSION_TIMEOUT, ClientConfig
 from celery_zklock.validate import seconds, znode_path
 
-DEFAULT_ROOT = "/zklock"
-DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_ROOT: Final = "/zklock"
+"""``zklock_root``."""
+DEFAULT_SESSION_TIMEOUT: Final = 10.0
+"""``zklock_session_timeout``, seconds."""
+DEFAULT_CONNECT_TIMEOUT: Final = 5.0
+"""``zklock_connect_timeout``, seconds a process waits for ZooKeeper on first use."""
+DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
+"""``zklock_beat_scheduler``: the scheduler class the elected beat runs."""
+DEFAULT_METRICS_ADDR: Final = "0.0.0.0"
+"""``zklock_metrics_addr``: the address the metrics endpoint binds."""
+CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
+"""``zklock_acl="creator"``: the authenticated identity that created a node may do anything
+with it; anyone may read it (operators see who holds what)."""
 
 
-def _setting(conf: Mapping[str, Any], name: str, default: Any = None) -> Any:
+def setting(conf: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    """The value of setting ``name`` (``zklock_*``): ``conf[name]`` unless None, else the
+    environment variable ``NAME`` (text), else ``default``."""
     value = conf.get(name)
     if value is None:
         value = os.environ.get(name.upper(), default)
     return value
 
 
+def text_setting(conf: Mapping[str, Any], name: str) -> str | None:
+    """:func:`setting` as text, None when unset or empty."""
+    value = setting(conf, name)
+    return None if value is None or str(value) == "" else str(value)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Everything that identifies a ZooKeeper connection; equal configs share one client."""
+
+    hosts: str
+    session_timeout: float = DEFAULT_SESSION_TIMEOUT
+    handler: str = "threading"
+    auth: tuple[tuple[str, str], ...] = ()
+    """``(scheme, credential)`` pairs sent after connecting (``("digest", "alice:secret")``)."""
+    sasl: tuple[tuple[str, str], ...] = ()
+    """kazoo's ``sasl_options`` as sorted pairs (``mechanism``, ``username``, ...)."""
+    acl: tuple[ACL, ...] = ()
+    """The ACL of every node the locks create (empty: kazoo's default, open to all)."""
+    use_ssl: bool = False
+    certfile: str | None = None
+    keyfile: str | None = None
+    keyfile_password: str | None = None
+    ca: str | None = None
+    verify_certs: bool = True
+    check_hostname: bool = False
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    factory: str | None = None
+    """``"module:callable"`` returning the KazooClient to use instead of building one."""
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` naming the bad setting."""
+        if not self.factory and (not self.hosts or not self.hosts.strip()):
+            raise ConfigurationError(
+                "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
+                "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
+            )
+        seconds("zklock_session_timeout", self.session_timeout)
+        seconds("zklock_connect_timeout", self.connect_timeout)
+        if self.handler not in ("threading", "gevent"):
+            raise ConfigurationError(
+                f"kazoo handler must be 'threading' or 'gevent', got {self.handler!r}"
+            )
+        if self.acl == CREATOR_ACL and not (self.auth or self.sasl):
+            raise ConfigurationError(
+                "zklock_acl='creator' needs credentials: only an authenticated identity can be "
+                "a node's creator; set zklock_auth (e.g. [('digest', 'alice:secret')], env "
+                "ZKLOCK_AUTH=digest:alice:secret) or zklock_sasl (env ZKLOCK_SASL_*)"
+            )
+        if self.check_hostname and not self.verify_certs:
+            raise ConfigurationError(
+                "zklock_ssl_check_hostname needs zklock_ssl_verify: a hostname is only checked "
+                "in a verified certificate"
+            )
+        if self.use_ssl and self.verify_certs and not self.ca:
+            raise ConfigurationError(
+                "zklock_use_ssl with zklock_ssl_verify needs zklock_ssl_ca (env ZKLOCK_SSL_CA): "
+                "the PEM file of the CA that signed the servers' certificates"
+            )
+        if self.factory is not None and ":" not in self.factory:
+            raise ConfigurationError(
+                f"zklock_client_factory must be 'module:callable', got {self.factory!r}"
+            )
+
+
 def lock_root(conf: Mapping[str, Any]) -> str:
     """``zklock_root`` (env ``ZKLOCK_ROOT``): the znode under which task locks live."""
-    return znode_path("zklock_root", _setting(conf, "zklock_root", DEFAULT_ROOT))
+    return znode_path("zklock_root", setting(conf, "zklock_root", DEFAULT_ROOT))
 
 
 def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> ClientConfig:
@@ -49,15 +133,15 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
     verify = _flag(conf, "zklock_ssl_verify", True)
     use_ssl = _flag(conf, "zklock_use_ssl", False)
     config = ClientConfig(
-        hosts=str(_setting(conf, "zklock_hosts", "")).strip(),
+        hosts=str(setting(conf, "zklock_hosts", "")).strip(),
         session_timeout=seconds(
             "zklock_session_timeout",
-            _setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
+            setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
             text=True,
         ),
         connect_timeout=seconds(
             "zklock_connect_timeout",
-            _setting(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+            setting(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
             text=True,
         ),
         handler=handler,
@@ -67,11 +151,11 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
         use_ssl=use_ssl,
         certfile=_path(conf, "zklock_ssl_certfile"),
         keyfile=_path(conf, "zklock_ssl_keyfile"),
-        keyfile_password=_text(conf, "zklock_ssl_keyfile_password"),
+        keyfile_password=text_setting(conf, "zklock_ssl_keyfile_password"),
         ca=_path(conf, "zklock_ssl_ca"),
         verify_certs=verify,
         check_hostname=_flag(conf, "zklock_ssl_check_hostname", use_ssl and verify),
-        factory=_text(conf, "zklock_client_factory"),
+        factory=text_setting(conf, "zklock_client_factory"),
     )
     config.validate()
     return config
@@ -82,7 +166,7 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def _flag(conf: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = _setting(conf, name)
+    value = setting(conf, name)
     if value is None:
         return default
     if isinstance(value, bool):
@@ -93,13 +177,8 @@ def _flag(conf: Mapping[str, Any], name: str, default: bool) -> bool:
     raise ConfigurationError(f"{name} must be true or false, got {value!r}")
 
 
-def _text(conf: Mapping[str, Any], name: str) -> str | None:
-    value = _setting(conf, name)
-    return None if value is None or str(value) == "" else str(value)
-
-
 def _path(conf: Mapping[str, Any], name: str) -> str | None:
-    path = _text(conf, name)
+    path = text_setting(conf, name)
     if path is not None and not os.path.isfile(path):
         raise ConfigurationError(f"{name}: no such file {path!r}")
     return path
@@ -152,7 +231,7 @@ def _sasl(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
 
 
 def _acl(conf: Mapping[str, Any]) -> tuple[ACL, ...]:
-    value = _setting(conf, "zklock_acl", "open")
+    value = setting(conf, "zklock_acl", "open")
     if isinstance(value, str):
         name = value.strip().lower()
         if name == "open":

@@ -23,24 +23,18 @@ import os
 import socket
 import ssl
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError
 from kazoo.protocol.states import KazooState, KeeperState
-from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
-from celery_zklock import validate
+from celery_zklock.config import ClientConfig
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks import adapter
 
 logger = logging.getLogger("celery_zklock.session")
 
-DEFAULT_SESSION_TIMEOUT = 10.0
-CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
-"""``zklock_acl="creator"``: the authenticated identity that created a node may do anything
-with it; anyone may read it (operators see who holds what)."""
 TLS_PROBE_TIMEOUT = 5.0
 KAZOO_CHECKS_HOSTNAMES = "check_hostname" in inspect.signature(KazooClient.__init__).parameters
 """kazoo 2.11 added ``check_hostname``; older ones (2.9, 2.10) verify certificates only."""
@@ -48,66 +42,6 @@ NAME_MISMATCH_CODES = frozenset({62, 64})
 """OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH."""
 
 # -- one client per process -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """Everything that identifies a ZooKeeper connection; equal configs share one client."""
-
-    hosts: str
-    session_timeout: float = DEFAULT_SESSION_TIMEOUT
-    handler: str = "threading"
-    auth: tuple[tuple[str, str], ...] = ()
-    """``(scheme, credential)`` pairs sent after connecting (``("digest", "alice:secret")``)."""
-    sasl: tuple[tuple[str, str], ...] = ()
-    """kazoo's ``sasl_options`` as sorted pairs (``mechanism``, ``username``, ...)."""
-    acl: tuple[ACL, ...] = ()
-    """The ACL of every node the locks create (empty: kazoo's default, open to all)."""
-    use_ssl: bool = False
-    certfile: str | None = None
-    keyfile: str | None = None
-    keyfile_password: str | None = None
-    ca: str | None = None
-    verify_certs: bool = True
-    check_hostname: bool = False
-    connect_timeout: float = 15.0
-    factory: str | None = None
-    """``"module:callable"`` returning the KazooClient to use instead of building one."""
-    extra: tuple[tuple[str, Any], ...] = field(default=())
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigurationError` naming the bad setting."""
-        if not self.factory and (not self.hosts or not self.hosts.strip()):
-            raise ConfigurationError(
-                "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
-                "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
-            )
-        validate.seconds("zklock_session_timeout", self.session_timeout)
-        validate.seconds("zklock_connect_timeout", self.connect_timeout)
-        if self.handler not in ("threading", "gevent"):
-            raise ConfigurationError(
-                f"kazoo handler must be 'threading' or 'gevent', got {self.handler!r}"
-            )
-        if self.acl == CREATOR_ACL and not (self.auth or self.sasl):
-            raise ConfigurationError(
-                "zklock_acl='creator' needs credentials: only an authenticated identity can be "
-                "a node's creator; set zklock_auth (e.g. [('digest', 'alice:secret')], env "
-                "ZKLOCK_AUTH=digest:alice:secret) or zklock_sasl (env ZKLOCK_SASL_*)"
-            )
-        if self.check_hostname and not self.verify_certs:
-            raise ConfigurationError(
-                "zklock_ssl_check_hostname needs zklock_ssl_verify: a hostname is only checked "
-                "in a verified certificate"
-            )
-        if self.use_ssl and self.verify_certs and not self.ca:
-            raise ConfigurationError(
-                "zklock_use_ssl with zklock_ssl_verify needs zklock_ssl_ca (env ZKLOCK_SSL_CA): "
-                "the PEM file of the CA that signed the servers' certificates"
-            )
-        if self.factory is not None and ":" not in self.factory:
-            raise ConfigurationError(
-                f"zklock_client_factory must be 'module:callable', got {self.factory!r}"
-            )
 
 
 def _make_handler(name: str) -> Any:

@@ -34,13 +34,13 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
 from celery_zklock.commands import checks
 from celery_zklock.commands.render import locks_document, locks_table
-from celery_zklock.config import Settings, settings_of
+from celery_zklock.config import ClientConfig, Settings, settings_of
 from celery_zklock.delivery import wait_gone
 from celery_zklock.errors import ConfigurationError, ZkLockError
 from celery_zklock.holders import Entry, LockState, read_lock, read_locks, request_break
 from celery_zklock.locks import adapter
 from celery_zklock.locks.contenders import parse_child, queue_of
-from celery_zklock.session import ClientConfig, new_client, tls_problem
+from celery_zklock.session import new_client, tls_problem
 from celery_zklock.task import ZkLockTask
 
 __all__ = ["zklock"]

@@ -39,10 +39,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
+from celery_zklock.config import CREATOR_ACL, ClientConfig
 from celery_zklock.locks import adapter
 from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
-from celery_zklock.session import CREATOR_ACL, ClientConfig
 
 Status = Literal["PASS", "WARN", "FAIL", "INFO"]
 

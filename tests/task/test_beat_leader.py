@@ -11,7 +11,7 @@ The run counts the leaders recorded in ZooKeeper must equal the sends.
 
 A fault is injected only while the victim is stopped at a moment when its last send is recorded
 in ZooKeeper (freeze_when_settled): a send whose record never reached ZooKeeper is sent again by
-the next leader (the documented window, celery_zklock/beat.py), and these tests check the
+the next leader (the documented window, docs/beat.md), and these tests check the
 guarantee outside it.
 """
 
@@ -37,11 +37,10 @@ from celery_zklock.beat import (
     DEFAULT_SCHEDULER,
     BeatSettings,
     RunRecord,
-    Superseded,
-    ZooKeeperState,
     decode_state,
     encode_state,
 )
+from celery_zklock.beat.state import Superseded, ZooKeeperState
 from celery_zklock.testing.processes import ChildProcess, process_state
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for

@@ -15,19 +15,16 @@ from celery.beat import ScheduleEntry, Scheduler
 
 from celery_zklock.beat import (
     BeatSettings,
-    NotLeader,
     RunRecord,
-    Superseded,
-    Term,
     apply_records,
     beat_settings,
     decode_state,
     encode_state,
-    ensure_held,
-    guarded_producer,
     record_of,
-    scheduler_class,
 )
+from celery_zklock.beat.election import NotLeader, ensure_held
+from celery_zklock.beat.scheduler import Term, guarded_producer, scheduler_class
+from celery_zklock.beat.state import Superseded
 from celery_zklock.errors import ConfigurationError
 
 UTC = timezone.utc

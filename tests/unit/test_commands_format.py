@@ -17,9 +17,9 @@ from celery_zklock.commands.render import (
     name_and_key,
     table,
 )
+from celery_zklock.config import CREATOR_ACL, ClientConfig
 from celery_zklock.holders import LockState, lock_state, parse_identity
 from celery_zklock.locks.lease import break_reason, break_request, with_break_request
-from celery_zklock.session import CREATOR_ACL, ClientConfig
 
 NOW = 1_700_000_100.0
 IDENTITY = {"task_id": "t-1", "task": "app.sync", "retries": 2, "worker": "w1@h", "pid": 4242}

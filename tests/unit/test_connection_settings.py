@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from kazoo.security import ACL, make_digest_acl
 
-from celery_zklock.config import client_config
-from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import (
+from celery_zklock.config import (
     CREATOR_ACL,
-    KAZOO_CHECKS_HOSTNAMES,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SESSION_TIMEOUT,
     ClientConfig,
-    new_client,
+    client_config,
 )
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.session import KAZOO_CHECKS_HOSTNAMES, new_client
 
 
 @pytest.fixture(autouse=True)
@@ -162,3 +163,11 @@ def test_a_factory_that_is_not_there_or_returns_no_client_is_named() -> None:
         new_client(config(zklock_client_factory="no_such_module_here:make"))
     with pytest.raises(ConfigurationError, match=r"returned str, not a kazoo"):
         new_client(config(zklock_client_factory="os:getcwd"))
+
+
+def test_each_connection_setting_has_one_default() -> None:
+    """A config built from settings and one built directly agree: the defaults are one constant
+    each (once 5 s from the settings and 15 s for a direct ClientConfig)."""
+    direct, read = ClientConfig(hosts="zk1:2181"), config()
+    assert direct.connect_timeout == read.connect_timeout == DEFAULT_CONNECT_TIMEOUT == 5.0
+    assert direct.session_timeout == read.session_timeout == DEFAULT_SESSION_TIMEOUT == 10.0

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import celery_zklock
-from celery_zklock import ConfigurationError, metrics, signals
+from celery_zklock import ConfigurationError, signals
 from celery_zklock.errors import LossCode
 from celery_zklock.metrics import (
     BUCKETS,
@@ -28,6 +28,8 @@ from celery_zklock.metrics import (
     lost_reason,
     metrics_addr,
     metrics_port,
+    recorder,
+    server,
 )
 from celery_zklock.policy import TABLE
 
@@ -136,8 +138,8 @@ def test_only_the_prefork_pool_forks() -> None:
     from celery.concurrency.prefork import TaskPool
     from celery.concurrency.thread import TaskPool as ThreadPool
 
-    assert metrics._forks("prefork") and metrics._forks(TaskPool)
-    assert not any(metrics._forks(p) for p in ("threads", "solo", ThreadPool, None))
+    assert server._forks("prefork") and server._forks(TaskPool)
+    assert not any(server._forks(p) for p in ("threads", "solo", ThreadPool, None))
 
 
 # -- signals to metrics ----------------------------------------------------------------------
@@ -152,11 +154,11 @@ TASK = _Task()
 def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[CollectorRegistry]:
     """The library's signal receivers recording into a registry of this test's own."""
     registry = CollectorRegistry()
-    metrics.use_recorder(Recorder(registry))
+    recorder.use_recorder(Recorder(registry))
     try:
         yield registry
     finally:
-        metrics.use_recorder(None)
+        recorder.use_recorder(None)
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -243,7 +245,7 @@ def test_a_timeout_signal_counts_timed_out(registry: CollectorRegistry) -> None:
     if timeout_signal is not None:
         timeout_signal.send(sender=TASK, task_id="a", path="/p", policy="skip", holder=None)
     else:
-        metrics._on_timeout(sender=TASK, task_id="a", path="/p", policy="skip", holder=None)
+        recorder._on_timeout(sender=TASK, task_id="a", path="/p", policy="skip", holder=None)
     assert sample(registry, "zklock_acquisitions_total", outcome="timed_out") == 1
 
 
@@ -251,9 +253,9 @@ def test_no_receiver_is_connected_when_metrics_are_off() -> None:
     """Without a recorder the lock signals have no metrics receiver, so a locked task sends
     none of them (celery_zklock.events skips a signal without receivers); each receiver also
     does nothing if called without one."""
-    metrics.use_recorder(Recorder(CollectorRegistry()))
-    metrics.use_recorder(None)
-    for signal, receiver in metrics._RECEIVERS:
+    recorder.use_recorder(Recorder(CollectorRegistry()))
+    recorder.use_recorder(None)
+    for signal, receiver in recorder._RECEIVERS:
         assert receiver not in signal._live_receivers(TASK), signal.name
         assert receiver(sender=TASK, task_id="a", path="/p", token=1, policy="skip") is None
 
@@ -262,16 +264,16 @@ def test_no_receiver_is_connected_when_metrics_are_off() -> None:
 def test_a_port_without_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     with pytest.raises(ConfigurationError, match=r"celery-zklock\[prometheus\]") as raised:
-        metrics.serve({"zklock_metrics_port": 9808}, multiprocess=False)
+        server.serve({"zklock_metrics_port": 9808}, multiprocess=False)
     assert INSTALL_HINT in str(raised.value)
-    assert metrics._serving is None
+    assert server._serving is None
 
     class Sender:
         app = type("App", (), {"conf": {"zklock_metrics_port": 9808}})()
         pool_cls = "threads"
 
     with pytest.raises(SystemExit, match=r"pip install celery-zklock\[prometheus\]"):
-        metrics._on_worker_init(sender=Sender())
+        server._on_worker_init(sender=Sender())
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -304,5 +306,5 @@ def test_the_live_gauge_files_of_gone_processes_are_found(tmp_path: Path) -> Non
     for pid in (os.getpid(), gone.pid):
         (tmp_path / f"gauge_livesum_{pid}.db").touch()
         (tmp_path / f"counter_{pid}.db").touch()
-    assert metrics._gone_pids(str(tmp_path)) == [gone.pid]
-    assert metrics._gone_pids(str(tmp_path / "missing")) == []
+    assert server._gone_pids(str(tmp_path)) == [gone.pid]
+    assert server._gone_pids(str(tmp_path / "missing")) == []

@@ -1,29 +1,12 @@
-"""Prometheus metrics of the lock signals, served by a worker on ``zklock_metrics_port``.
-
-Enabling: set ``zklock_metrics_port`` (env ``ZKLOCK_METRICS_PORT``) and install the
-``prometheus`` extra (``pip install celery-zklock[prometheus]``); ``zklock_metrics_addr`` (env
-``ZKLOCK_METRICS_ADDR``, default ``0.0.0.0``) is the address the endpoint binds. Unset, nothing
-happens: prometheus-client is not imported and the signal receivers return at once. Set while
-the package is missing, or on a port that cannot be bound, the worker refuses to start with a
-:class:`~celery_zklock.ConfigurationError` naming what to do.
-
-What is measured (names, types and labels: ``docs/metrics.md``): acquisitions by outcome, wait
-and hold times, lost leases by reason (:func:`lost_reason`: the lost lease's code), and the
-leases held now.
-
-Processes. The receivers record in the process that sends the signal, the one running the task.
-
-- ``threads``, ``solo``, ``gevent``, ``eventlet`` pools: in-process. At ``worker_init`` the worker
-  builds the metrics in a registry of its own and serves that registry over HTTP.
-- ``prefork``: the pool processes record, the worker's main process serves, through
-  prometheus-client's multiprocess mode. At ``worker_init`` (in the main process, before any
-  pool process is forked) the worker points ``PROMETHEUS_MULTIPROC_DIR`` at a directory made
-  for this worker (or keeps the one already set), so every pool process writes its values to
-  files of its own there; the main process serves a ``MultiProcessCollector`` over that
-  directory. A pool process that exits drops its share of the ``leases_held`` gauge
-  (``mark_process_dead`` at ``worker_process_shutdown``; one killed without that chance is
-  dropped at the next scrape). ``worker_shutdown`` stops the server and removes the directory
-  the worker made. Counters and histograms of pool processes that exited stay in the totals.
+"""The metrics endpoint of a worker, on ``zklock_metrics_port``: at ``worker_init`` it starts
+recording (:mod:`celery_zklock.metrics.recorder`) and serves the metrics over HTTP, from a
+registry of its own for the in-process pools (threads, solo, gevent, eventlet), or, for
+prefork, from the files its pool processes write to a multiprocess directory it sets up before
+they start (prometheus-client's multiprocess mode); ``worker_shutdown`` stops it and removes
+what it made. Unset, nothing is imported or started; set while prometheus-client is missing or
+on a port that cannot be bound, the worker refuses to start with a
+:class:`~celery_zklock.ConfigurationError`. How the processes share the metrics:
+``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +17,6 @@ import os
 import shutil
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -47,82 +29,29 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from celery_zklock import signals
+from celery_zklock.config import DEFAULT_METRICS_ADDR, setting
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.metrics.recorder import Recorder, active_recorder, use_recorder
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-__all__ = [
-    "BUCKETS",
-    "LOST_REASONS",
-    "OUTCOMES",
-    "Recorder",
-    "busy_outcome",
-    "lost_reason",
-    "metrics_addr",
-    "metrics_port",
-    "serve",
-    "stop",
-]
 
 logger = logging.getLogger("celery_zklock.metrics")
 
 PORT_SETTING: Final = "zklock_metrics_port"
 ADDR_SETTING: Final = "zklock_metrics_addr"
-DEFAULT_ADDR: Final = "0.0.0.0"
 INSTALL_HINT: Final = "pip install celery-zklock[prometheus]"
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CHILD_ENV: Final = "CELERY_ZKLOCK_METRICS_DIR"
 """Set by a prefork worker's main process for its pool processes: the multiprocess directory
 (pool processes started by ``spawn`` or ``forkserver`` inherit no Python state, only this)."""
 
-OUTCOMES: Final = ("granted", "skipped", "timed_out", "busy_raised", "retried")
-"""The ``outcome`` label of ``zklock_acquisitions_total``: one per attempt that got or gave up
-the lock (a ``wait`` ends as granted or timed_out)."""
-LOST_REASONS: Final = ("session_expired", "lease_clock", "node_deleted", "broken", "other")
-"""The ``reason`` label of ``zklock_lost_total``: the values of
-:class:`~celery_zklock.errors.LossCode`, and ``other``."""
-BUCKETS: Final = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-)  # fmt: skip
-"""Histogram buckets (seconds) of the wait and hold times: 1 ms to 10 min, then ``+Inf``."""
-
-_BUSY_OUTCOMES: Final[Mapping[str, str]] = {
-    "skip": "skipped",
-    "retry": "retried",
-    "raise": "busy_raised",
-}
-_LOST_MEMORY: Final = 1024
-"""Leases remembered per process to count each loss once whichever signal tells it first."""
-
-
-def busy_outcome(policy: str) -> str | None:
-    """The outcome of an attempt that found the lock busy under ``policy`` (``lock_busy``'s
-    keyword): ``skipped``, ``retried`` or ``busy_raised``; None for ``wait``, whose outcome is
-    decided later (``granted`` by ``lock_acquired``, or ``timed_out``)."""
-    return _BUSY_OUTCOMES.get(policy)
-
-
-def lost_reason(code: object) -> str:
-    """One of :data:`LOST_REASONS` for the ``code`` of a lost lease (a
-    :class:`~celery_zklock.errors.LossCode`, or its value).
-
-    ``lease_clock``: the lease clock ran out (no answer from the ZooKeeper leader in time, or
-    the process was paused); ``session_expired``: the session behind the node expired or was
-    replaced; ``node_deleted``: someone else deleted the lock node; ``broken``: an operator broke
-    it (``celery zklock break``); ``other``: a code this version does not know, None included.
-    """
-    text = str(code) if isinstance(code, str) else ""
-    return text if text in LOST_REASONS else "other"
-
 
 def metrics_port(conf: Mapping[str, Any]) -> int | None:
     """``zklock_metrics_port`` (env ``ZKLOCK_METRICS_PORT``): the port, or None (off) when unset
     or empty. Raises ConfigurationError unless it is a port number (1-65535)."""
-    value = _setting(conf, PORT_SETTING)
+    value = setting(conf, PORT_SETTING)
     if value is None or str(value).strip() == "":
         return None
     try:
@@ -136,176 +65,8 @@ def metrics_port(conf: Mapping[str, Any]) -> int | None:
 
 def metrics_addr(conf: Mapping[str, Any]) -> str:
     """``zklock_metrics_addr`` (env ``ZKLOCK_METRICS_ADDR``): the address the endpoint binds."""
-    value = _setting(conf, ADDR_SETTING)
-    return DEFAULT_ADDR if value is None or str(value).strip() == "" else str(value).strip()
-
-
-def _setting(conf: Mapping[str, Any], name: str) -> Any:
-    value = conf.get(name)
-    return os.environ.get(name.upper()) if value is None else value
-
-
-class Recorder:
-    """The metrics of one process and the bookkeeping that turns the lock signals into them.
-
-    ``registry``: where the metrics register (None in multiprocess mode, where a
-    ``MultiProcessCollector`` reads them from the files instead). Thread-safe: ``lock_lost``
-    comes from the lease clock's thread.
-    """
-
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
-        self.acquisitions = Counter(
-            "zklock_acquisitions",
-            "Lock acquisition attempts of locked tasks, by outcome.",
-            ["task", "outcome"],
-            registry=registry,
-        )
-        self.wait = Histogram(
-            "zklock_wait_seconds",
-            "Seconds from the start of a locked run to the grant of its lock.",
-            ["task"],
-            buckets=BUCKETS,
-            registry=registry,
-        )
-        self.hold = Histogram(
-            "zklock_hold_seconds",
-            "Seconds a lock was held, from its grant to its release.",
-            ["task"],
-            buckets=BUCKETS,
-            registry=registry,
-        )
-        self.lost = Counter(
-            "zklock_lost",
-            "Leases lost, by reason.",
-            ["task", "reason"],
-            registry=registry,
-        )
-        self.held = Gauge(
-            "zklock_leases_held",
-            "Leases granted and not yet released.",
-            ["task"],
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self._lock = threading.Lock()
-        self._lost_leases: OrderedDict[tuple[Any, ...], None] = OrderedDict()
-
-    def after_fork(self) -> None:
-        """Forget what the parent process knew (a pool process starts with no lease)."""
-        self._lock = threading.Lock()
-        self._lost_leases = OrderedDict()
-
-    def acquired(self, task: str, waited: float) -> None:
-        self.acquisitions.labels(task, "granted").inc()
-        self.wait.labels(task).observe(max(0.0, waited))
-        self.held.labels(task).inc()
-
-    def outcome(self, task: str, outcome: str) -> None:
-        self.acquisitions.labels(task, outcome).inc()
-
-    def lease_lost(self, task: str, lease: tuple[Any, ...], code: object) -> None:
-        """``lock_lost``: counted unless the release already counted this lease's loss."""
-        with self._lock:
-            if self._lost_leases.pop(lease, False) is None:
-                return
-            self._remember(lease)
-        self.lost.labels(task, lost_reason(code)).inc()
-
-    def released(self, task: str, lease: tuple[Any, ...], held: float, lost: bool) -> None:
-        """``lock_released``; a lease released lost whose loss was not told (found at the
-        release, or told after it) counts as lost here, with its reason unknown (``other``)."""
-        self.hold.labels(task).observe(max(0.0, held))
-        self.held.labels(task).dec()
-        with self._lock:
-            told = self._lost_leases.pop(lease, False) is None
-            if lost and not told:
-                self._remember(lease)  # so a late lock_lost for it is not counted twice
-        if lost and not told:
-            self.lost.labels(task, "other").inc()
-
-    def _remember(self, lease: tuple[Any, ...]) -> None:
-        self._lost_leases[lease] = None
-        while len(self._lost_leases) > _LOST_MEMORY:
-            self._lost_leases.popitem(last=False)
-
-
-# -- the signal receivers: record in the process that runs the task -----------------------
-_recorder: Recorder | None = None
-
-
-def _task(sender: Any) -> str:
-    return str(getattr(sender, "name", None) or "unknown")
-
-
-def _lease(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (kwargs.get("task_id"), kwargs.get("path"), kwargs.get("token"))
-
-
-def _seconds(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _on_acquired(sender: Any = None, **kwargs: Any) -> None:
-    recorder = _recorder
-    if recorder is not None:
-        recorder.acquired(_task(sender), _seconds(kwargs.get("waited")))
-
-
-def _on_busy(sender: Any = None, **kwargs: Any) -> None:
-    recorder = _recorder
-    outcome = busy_outcome(str(kwargs.get("policy")))
-    if recorder is not None and outcome is not None:
-        recorder.outcome(_task(sender), outcome)
-
-
-def _on_timeout(sender: Any = None, **_: Any) -> None:
-    recorder = _recorder
-    if recorder is not None:
-        recorder.outcome(_task(sender), "timed_out")
-
-
-def _on_lost(sender: Any = None, **kwargs: Any) -> None:
-    recorder = _recorder
-    if recorder is not None:
-        recorder.lease_lost(_task(sender), _lease(kwargs), kwargs.get("code"))
-
-
-def _on_released(sender: Any = None, **kwargs: Any) -> None:
-    recorder = _recorder
-    if recorder is not None:
-        recorder.released(
-            _task(sender), _lease(kwargs), _seconds(kwargs.get("held")), bool(kwargs.get("lost"))
-        )
-
-
-_RECEIVERS: Final = (
-    (signals.lock_acquired, _on_acquired),
-    (signals.lock_busy, _on_busy),
-    (signals.lock_lost, _on_lost),
-    (signals.lock_released, _on_released),
-    (signals.lock_timeout, _on_timeout),
-)
-
-
-def use_recorder(recorder: Recorder | None) -> None:
-    """Record the lock signals of this process with ``recorder`` (None: stop recording).
-
-    The receivers are connected only while there is a recorder: a signal without receivers
-    costs a locked task nothing (celery_zklock.events skips the send), and most workers do not
-    serve metrics.
-    """
-    global _recorder
-    _recorder = recorder
-    for signal, receiver in _RECEIVERS:
-        if recorder is None:
-            signal.disconnect(receiver, dispatch_uid="zklock-metrics")
-        else:
-            signal.connect(receiver, weak=False, dispatch_uid="zklock-metrics")
+    value = setting(conf, ADDR_SETTING)
+    return DEFAULT_METRICS_ADDR if value is None or str(value).strip() == "" else str(value).strip()
 
 
 # -- serving ----------------------------------------------------------------------------
@@ -407,7 +168,7 @@ def serve(conf: Mapping[str, Any], *, multiprocess: bool) -> tuple[str, int] | N
     into it. Raises ConfigurationError on a bad setting, a missing prometheus-client or a
     port that cannot be bound (nothing is left started), RuntimeError if already serving.
     """
-    global _recorder, _serving, _multiproc_dir
+    global _serving, _multiproc_dir
     port = metrics_port(conf)
     if port is None:
         return None
@@ -518,12 +279,13 @@ def _on_worker_ready(**_: Any) -> None:
 
 
 def _on_worker_process_init(**_: Any) -> None:
-    global _recorder, _multiproc_dir, _serving
+    global _multiproc_dir, _serving
     serving, _serving = _serving, None
     if serving is not None:  # forked: the endpoint is the main process's, not this one's
         serving.httpd.socket.close()
-    if _recorder is not None:  # forked: the parent's metrics, with this process's own files
-        _recorder.after_fork()
+    recorder = active_recorder()
+    if recorder is not None:  # forked: the parent's metrics, with this process's own files
+        recorder.after_fork()
         return
     path = os.environ.get(CHILD_ENV)
     if path and os.environ.get(MULTIPROC_ENV) == path:  # spawned by a prefork worker
