@@ -47,6 +47,7 @@ other key: ``None``, a list of names and a callable keep their paths.)
 
 from __future__ import annotations
 
+import _string  # the field-name parser string.Formatter uses
 import contextlib
 import datetime
 import decimal
@@ -449,27 +450,60 @@ def check_lock_key_spec(
     )
 
 
+_FString: TypeAlias = tuple[str, list[str]]
+
+
 def _format_string_retired(
     task_name: str, lock_key: str, signature: inspect.Signature | None
 ) -> str:
     """The refusal of a format-string ``lock_key``, with the lambda that replaces it."""
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(lock_key) if f is not None]
-    except ValueError:
-        fields = []
+        parsed = list(string.Formatter().parse(lock_key))
+        body, roots = _as_f_string(parsed)
+    except ValueError:  # not even a valid format string: show it as it is
+        body, roots = f"f{lock_key!r}", []
     if signature is not None:  # the task's own parameters, so positional calls still fit
         plain = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
         parameters = str(signature.replace(parameters=plain, return_annotation=signature.empty))
         parameters = parameters[1:-1]
     else:
-        roots = dict.fromkeys(re.match(r"[^.\[!:]*", f).group() for f in fields)  # type: ignore[union-attr]
-        parameters = ", ".join([*(r for r in roots if r.isidentifier()), "**_"])
+        parameters = ", ".join([*dict.fromkeys(r for r in roots if r.isidentifier()), "**_"])
     return (
         f"task {task_name!r}: lock_key={lock_key!r} is a format string, and format-string keys "
         f"are retired (a plain string is one parameter name); give lock_key a callable, called "
         f"with the task's arguments, whose return value is the key: "
-        f"lock_key=lambda {parameters}: f{lock_key!r}"
+        f"lock_key=lambda {parameters}: {body}"
     )
+
+
+def _as_f_string(
+    parsed: list[tuple[str, str | None, str | None, str | None]],
+) -> tuple[str, list[str]]:
+    """The f-string that formats as ``str.format`` did, and the fields' root names
+    (``{payload[id]}`` becomes ``{payload['id']}``: an f-string would look ``id`` up)."""
+    parts: list[str] = []
+    roots: list[str] = []
+    for literal, field, spec, conversion in parsed:
+        parts.append(literal.replace("{", "{{").replace("}", "}}"))
+        if field is None:
+            continue
+        root, rest = _string.formatter_field_name_split(field)
+        if not isinstance(root, str) or not root.isidentifier():
+            raise ValueError(f"positional field {{{field}}}")
+        roots.append(root)
+        lookups = "".join(f".{key}" if attr else f"[{key!r}]" for attr, key in rest)
+        parts.append(
+            "{"
+            + root
+            + lookups
+            + (f"!{conversion}" if conversion else "")
+            + (f":{spec}" if spec else "")
+            + "}"
+        )
+    body = "".join(parts)
+    if '"' in body or "\\" in body:
+        raise ValueError("quotes or backslashes")
+    return f'f"{body}"', roots
 
 
 class KeyBuilder:
