@@ -47,7 +47,6 @@ other key: ``None``, a list of names and a callable keep their paths.)
 
 from __future__ import annotations
 
-import _string  # the field-name parser string.Formatter uses
 import contextlib
 import datetime
 import decimal
@@ -451,6 +450,8 @@ def check_lock_key_spec(
 
 
 _FString: TypeAlias = tuple[str, list[str]]
+_FIELD_ROOT: Final = re.compile(r"[^.\[]*")
+_FIELD_LOOKUP: Final = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
 
 def _format_string_retired(
@@ -487,11 +488,14 @@ def _as_f_string(
         parts.append(literal.replace("{", "{{").replace("}", "}}"))
         if field is None:
             continue
-        root, rest = _string.formatter_field_name_split(field)
-        if not isinstance(root, str) or not root.isidentifier():
+        root = _FIELD_ROOT.match(field).group()  # type: ignore[union-attr]
+        if not root.isidentifier():
             raise ValueError(f"positional field {{{field}}}")
         roots.append(root)
-        lookups = "".join(f".{key}" if attr else f"[{key!r}]" for attr, key in rest)
+        lookups = "".join(
+            f".{attr}" if attr else f"[{int(key) if key.isdigit() else key!r}]"
+            for attr, key in _FIELD_LOOKUP.findall(field[len(root) :])
+        )
         parts.append(
             "{"
             + root
