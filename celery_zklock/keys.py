@@ -59,7 +59,7 @@ import reprlib
 import string
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias
 
 from celery_zklock.errors import ConfigurationError
 
@@ -358,41 +358,6 @@ def _key_from_normalised(normalised: _Json) -> str:
     return f"{prefix}~{digest}"
 
 
-_encode_str: Final = json.encoder.encode_basestring_ascii  # what _CANONICAL_ENCODER uses
-
-
-def _plain_key(arguments: dict[str, object]) -> str | None:
-    """The key of bound arguments that are all ``None``, ``str``, ``bool`` or ``int`` below
-    2**63 in size, built straight from them; None if one is of another type.
-
-    Every task call builds a key, and these are the common arguments: this gives the text
-    :func:`_key_from_normalised` gives for their normalised form (the tests compare the two),
-    without the general encoding's dispatch, encoder and renderer."""
-    if _TAG in arguments:
-        return None
-    encoded: list[str] = []
-    shown: list[str] = []
-    length = 0
-    for name in sorted(arguments):
-        value = arguments[name]
-        if value is None:
-            text, seen = "null", "None"
-        elif type(value) is str:
-            text, seen = _encode_str(value), value[: PREFIX_LENGTH + 1]
-        elif (type(value) is int or type(value) is bool) and value.bit_length() < 64:
-            text = seen = int.__repr__(value)  # True is 1, as normalised
-        else:
-            return None
-        encoded.append(f"{_encode_str(name)}:{text}")
-        if length <= PREFIX_LENGTH:  # as _render_items: stop once past the prefix's length
-            shown.append(f"{name}={seen}")
-            length += len(shown[-1]) + 1
-    canonical = "{" + ",".join(encoded) + "}"
-    digest = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:HASH_LENGTH]
-    prefix = _UNSAFE_CHARS.sub("_", ",".join(shown)[:PREFIX_LENGTH])
-    return f"{prefix}~{digest}"
-
-
 def key_for_value(value: object) -> str:
     """Return the lock key (``<readable-prefix>~<hash>``) of one value.
 
@@ -519,7 +484,7 @@ class KeyBuilder:
     call it with each call's ``(args, kwargs)``; it is stateless and thread-safe.
     """
 
-    __slots__ = ("_names", "_plain", "kind", "lock_key", "signature", "task_name")
+    __slots__ = ("_names", "kind", "lock_key", "signature", "task_name")
 
     def __init__(self, task_name: str, signature: inspect.Signature, lock_key: object) -> None:
         """Prefer :meth:`for_callable`; same arguments, same checks."""
@@ -528,11 +493,6 @@ class KeyBuilder:
         self.signature: Final = signature
         self.lock_key: Final[LockKeySpec] = spec
         self._names: tuple[str, ...] = ()
-        # Positional-or-keyword parameters only, in order, with their defaults: then _bind
-        # needs no Signature.bind (about 4 us a call) for calls that fit.
-        self._plain: tuple[tuple[str, object], ...] | None = None
-        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values()):
-            self._plain = tuple((p.name, p.default) for p in signature.parameters.values())
         kind: KeyKind
         if spec is None:
             kind = "all"
@@ -566,23 +526,6 @@ class KeyBuilder:
         return cls(task_name, signature, lock_key)
 
     def _bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
-        plain = self._plain
-        if plain is not None and len(args) <= len(plain):
-            arguments: dict[str, object] = {}
-            for (name, _default), value in zip(plain, args, strict=False):
-                arguments[name] = value
-            left = len(kwargs)
-            for name, default in plain[len(args) :]:
-                if name in kwargs:
-                    arguments[name] = kwargs[name]
-                    left -= 1
-                elif default is not inspect.Parameter.empty:
-                    arguments[name] = default
-                else:
-                    break  # a missing argument: Signature.bind names it
-            else:
-                if left == 0:  # else an unknown or doubled keyword: Signature.bind names it
-                    return arguments
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -604,15 +547,7 @@ class KeyBuilder:
         fit the task's signature, :class:`LockKeyError` when a value has no stable encoding,
         and whatever a callable ``lock_key`` raises.
         """
-        if self.kind == "callable":
-            return _key_from_normalised(self._normalised(args, kwargs))
-        arguments = self._bind(args, kwargs)
-        if self.kind == "names":
-            arguments = {name: arguments[name] for name in self._names}
-        key = _plain_key(arguments)
-        if key is None:
-            key = _key_from_normalised(self._normalise_arguments(arguments))
-        return key
+        return _key_from_normalised(self._normalised(args, kwargs))
 
     def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
         arguments = self._bind(args, kwargs)
@@ -624,18 +559,12 @@ class KeyBuilder:
             return self._encode(value, "value", where)
         if self.kind == "names":
             arguments = {name: arguments[name] for name in self._names}
-        return self._normalise_arguments(arguments)
-
-    def _normalise_arguments(self, arguments: dict[str, object]) -> _Json:
-        out: dict[str, _Json] = {}
-        for name, value in arguments.items():
-            kind = type(value)
-            # The common arguments are their own canonical form: skip _normalise's dispatch.
-            if value is None or kind is str or (kind is int and cast(int, value).bit_length() < 64):
-                out[name] = cast(_Json, value)
-            else:
-                out[name] = self._encode(value, name, f"argument {name!r}")
-        return _wrap_dict(out)
+        return _wrap_dict(
+            {
+                name: self._encode(value, name, f"argument {name!r}")
+                for name, value in arguments.items()
+            }
+        )
 
     def _encode(self, value: object, path: str, where: str) -> _Json:
         try:
