@@ -35,6 +35,7 @@ from celery_zklock.config import settings_of
 from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
 from celery_zklock.locks.lease import break_request, node_object, with_break_request
+from celery_zklock.options import TaskLockSpec
 from celery_zklock.session import get_client
 
 __all__ = [
@@ -332,10 +333,8 @@ def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
     Raises LockKeyError (or what a callable ``lock_key`` raises) for arguments that make no key.
     """
-    from celery_zklock.run import call_path  # run imports the task layer this module serves
-
-    spec = task._zklock_compile(task.name)
-    return call_path(settings_of(task.app).root, spec, spec.options, args, kwargs)
+    spec: TaskLockSpec = task._zklock_compile(task.name)
+    return spec.path(settings_of(task.app).root, args, kwargs)
 
 
 def lock_holders(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Holder, ...]:

@@ -22,17 +22,14 @@ Which value is hashed depends on the task's ``lock_key`` (a :data:`LockKeySpec`)
 * a list or tuple of parameter names: the same dict restricted to those names; ``[]`` gives one
   fixed key (a singleton lock for the task). A ``*args`` parameter's value is its tuple, a
   ``**kwargs`` parameter's value its dict.
-* a format string such as ``"{account_id}:{region}"``: the fields' values, each as the other
-  forms encode it, with the format string itself (see :class:`KeyBuilder`). The fields must be
-  parameter names (``{payload[id]}`` and ``{user.id}`` reach into them) and must resolve to
-  scalars. The formatted text is only the readable prefix: ``"{a}:{b}"`` gives two keys for
-  ``("x:y", "z")`` and ``("x", "y:z")``, and ``{x}`` two for ``None`` and ``"None"``.
+* a ``str``: one parameter name, the same as a list of that one name (``lock_key="account_id"``
+  gives one lock per account). A string containing ``{`` is refused when the task class is made:
+  format strings are retired (a callable does what they did, see ``docs/migration.md``).
 * a callable: called as ``fn(*args, **kwargs)`` with the task's call arguments; its return value is
   the canonical value. Exceptions it raises propagate unchanged.
 
 Keys depend on the canonical value only, so tasks that share a ``lock_name`` share a lock for
-equal values even when one uses a list of names and the other a callable returning the same dict
-(a format-string key is its own kind of value: it never equals a callable's).
+equal values even when one uses a list of names and the other a callable returning the same dict.
 
 **Numbers follow Python's equality.** ``1``, ``1.0``, ``True`` and ``Decimal("1.00")`` are equal
 in Python and give one key (and ``0.5 == Decimal("0.5")``; ``0.1`` and ``Decimal("0.1")`` differ,
@@ -44,8 +41,8 @@ Merging only costs concurrency between values the program already calls equal. E
 value (NaN equals nothing, but a key must equal itself).
 
 Changing the encoding changes every lock name: processes of versions with different encodings
-do not exclude each other, so do not mix them in one fleet (this version changed numbers and
-format strings).
+do not exclude each other, so do not mix them in one fleet. (Retiring format strings changed no
+other key: ``None``, a list of names and a callable keep their paths.)
 """
 
 from __future__ import annotations
@@ -62,7 +59,7 @@ import reprlib
 import string
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Literal, TypeAlias, cast
+from typing import Any, Final, Literal, TypeAlias
 
 from celery_zklock.errors import ConfigurationError
 
@@ -91,7 +88,7 @@ MAX_DEPTH: Final = 100
 LockKeySpec: TypeAlias = Sequence[str] | str | Callable[..., object] | None
 """What a task's ``lock_key`` may be: see the module docstring."""
 
-KeyKind = Literal["all", "names", "format", "callable"]
+KeyKind = Literal["all", "names", "callable"]
 
 # The JSON-like form every value is reduced to before it is encoded.
 _Json: TypeAlias = "bool | int | str | list[_Json] | dict[str, _Json] | None"
@@ -122,8 +119,8 @@ _short_repr.maxother = 60
 class LockKeyError(ConfigurationError):
     """A lock key could not be built from a call's argument values.
 
-    Raised at call time when an argument (or a callable ``lock_key``'s return value, or a field
-    of a format-string ``lock_key``) has no stable canonical encoding, for example an arbitrary
+    Raised at call time when an argument (or a callable ``lock_key``'s return value) has no
+    stable canonical encoding, for example an arbitrary
     object whose only text form contains its memory address. The message names the task, the
     argument (with the path inside it) and the offending type, and what to do instead. Retrying
     the same call fails the same way.
@@ -324,27 +321,8 @@ def _render(normalised: _Json, limit: int, top: bool = False) -> str:
             return "{" + _render_items((_render(item, limit) for item in inner), limit) + "}"
         if tag == "num" and isinstance(inner, str):
             return _render_number(inner)
-        if tag == "format" and isinstance(inner, list):
-            return _render_format(inner, limit)
         return _render(inner, limit)
     return _render_dict(normalised, limit, top)
-
-
-def _render_format(inner: list[_Json], limit: int) -> str:
-    """The format string filled in with the fields' canonical forms, as a human reads it."""
-    spec, fields = inner
-    assert isinstance(spec, str) and isinstance(fields, list)
-    values = iter(fields)
-    parts: list[str] = []
-    length = 0
-    for literal, name, _spec, _conversion in string.Formatter().parse(spec):
-        parts.append(literal)
-        if name is not None:
-            parts.append(_render(next(values), limit))
-        length += len(parts[-1]) + len(literal)
-        if length > limit:
-            break
-    return "".join(parts)
 
 
 def _render_number(text: str) -> str:
@@ -380,47 +358,12 @@ def _key_from_normalised(normalised: _Json) -> str:
     return f"{prefix}~{digest}"
 
 
-_encode_str: Final = json.encoder.encode_basestring_ascii  # what _CANONICAL_ENCODER uses
-
-
-def _plain_key(arguments: dict[str, object]) -> str | None:
-    """The key of bound arguments that are all ``None``, ``str``, ``bool`` or ``int`` below
-    2**63 in size, built straight from them; None if one is of another type.
-
-    Every task call builds a key, and these are the common arguments: this gives the text
-    :func:`_key_from_normalised` gives for their normalised form (the tests compare the two),
-    without the general encoding's dispatch, encoder and renderer."""
-    if _TAG in arguments:
-        return None
-    encoded: list[str] = []
-    shown: list[str] = []
-    length = 0
-    for name in sorted(arguments):
-        value = arguments[name]
-        if value is None:
-            text, seen = "null", "None"
-        elif type(value) is str:
-            text, seen = _encode_str(value), value[: PREFIX_LENGTH + 1]
-        elif (type(value) is int or type(value) is bool) and value.bit_length() < 64:
-            text = seen = int.__repr__(value)  # True is 1, as normalised
-        else:
-            return None
-        encoded.append(f"{_encode_str(name)}:{text}")
-        if length <= PREFIX_LENGTH:  # as _render_items: stop once past the prefix's length
-            shown.append(f"{name}={seen}")
-            length += len(shown[-1]) + 1
-    canonical = "{" + ",".join(encoded) + "}"
-    digest = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:HASH_LENGTH]
-    prefix = _UNSAFE_CHARS.sub("_", ",".join(shown)[:PREFIX_LENGTH])
-    return f"{prefix}~{digest}"
-
-
 def key_for_value(value: object) -> str:
     """Return the lock key (``<readable-prefix>~<hash>``) of one value.
 
     This is the key a task gets when its ``lock_key`` resolves to ``value``: a dict of parameter
-    names to argument values for ``None`` or a list of names, the formatted string for a format
-    string, the return value for a callable. Raises :class:`LockKeyError` as
+    names to argument values for ``None``, a name or a list of names, the return value for a
+    callable. Raises :class:`LockKeyError` as
     :func:`canonical_json` does.
     """
     try:
@@ -429,17 +372,26 @@ def key_for_value(value: object) -> str:
         raise _value_error(exc) from None
 
 
-def check_lock_key_spec(task_name: str, lock_key: object) -> LockKeySpec:
-    """Check the shape of a ``lock_key`` (without a signature) and return it normalised.
+def check_lock_key_spec(
+    task_name: str, lock_key: object, signature: inspect.Signature | None = None
+) -> LockKeySpec:
+    """Check the shape of a ``lock_key`` and return it normalised.
 
-    Returns ``None``, the ``str``, the callable, or a ``tuple`` of the names for a list or tuple
-    of names. Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task when the
-    value is of another type, is ``bytes``, or is a sequence holding a non-``str`` or a name twice.
-    That names exist in the task's signature is checked by :class:`KeyBuilder`.
+    Returns ``None``, the callable, or a ``tuple`` of names: a ``str`` is one parameter name
+    (``"account_id"`` becomes ``("account_id",)``, the same key as ``["account_id"]``). Raises
+    :class:`~celery_zklock.errors.ConfigurationError` naming the task and ``lock_key`` when the
+    value is of another type, is ``bytes``, is a sequence holding a non-``str`` or a name twice,
+    or is a string containing ``{`` (a retired format string: the message shows the callable
+    that replaces it, with the task's parameters when ``signature`` is given). That names exist
+    in the task's signature is checked by :class:`KeyBuilder`.
     """
-    if lock_key is None or isinstance(lock_key, str):
-        return lock_key
-    if callable(lock_key):
+    if lock_key is None:
+        return None
+    if isinstance(lock_key, str):
+        if "{" in lock_key:
+            raise ConfigurationError(_format_string_retired(task_name, lock_key, signature))
+        lock_key = (lock_key,)
+    elif callable(lock_key):
         return lock_key
     if isinstance(lock_key, Sequence) and not isinstance(lock_key, bytes | bytearray):
         names: list[str] = []
@@ -457,79 +409,70 @@ def check_lock_key_spec(task_name: str, lock_key: object) -> LockKeySpec:
         return tuple(names)
     raise ConfigurationError(
         f"task {task_name!r}: lock_key={_short_repr.repr(lock_key)} of type "
-        f"{_type_name(lock_key)} is not valid; give None (all arguments), a list of parameter "
-        f"names, a format string such as '{{account_id}}' or a callable taking the task's "
-        f"arguments"
+        f"{_type_name(lock_key)} is not valid; give None (all arguments), a parameter name, a "
+        f"list of parameter names or a callable taking the task's arguments"
     )
 
 
-def _format_fields(format_string: str) -> list[tuple[str, str | None]]:
-    """Every ``(field_name, conversion)`` of a format string, nested format specs included."""
-    fields: list[tuple[str, str | None]] = []
-    for _literal, field_name, format_spec, conversion in string.Formatter().parse(format_string):
-        if field_name is None:
-            continue
-        fields.append((field_name, conversion))
-        if format_spec and "{" in format_spec:
-            fields.extend(_format_fields(format_spec))
-    return fields
-
-
+_FString: TypeAlias = tuple[str, list[str]]
 _FIELD_ROOT: Final = re.compile(r"[^.\[]*")
+_FIELD_LOOKUP: Final = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
 
-class _KeyFormatter(string.Formatter):
-    """A formatter that lets through only field values whose text is stable (see KeyBuilder)."""
-
-    def __init__(self, task_name: str) -> None:
-        self._task_name = task_name
-
-    def get_field(self, field_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        value, used = super().get_field(field_name, args, kwargs)
-        return _format_scalar(self._task_name, field_name, value, value), used
-
-
-_FORMAT_SCALARS: Final = (
-    str,
-    int,
-    float,
-    decimal.Decimal,
-    uuid.UUID,
-    datetime.date,
-    datetime.time,
-    bytes,
-)
-
-
-def _format_scalar(task_name: str, field_name: str, original: object, value: object) -> object:
-    """The value to format for one field, as an exact built-in type; raises LockKeyError."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, enum.Enum):
-        return _format_scalar(task_name, field_name, original, value.value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, _FORMAT_SCALARS):
-        return value
-    if isinstance(value, list | tuple | dict | set | frozenset):
-        why = (
-            "containers are not allowed in a format-string lock_key (equal dicts and sets can "
-            f"print differently); reach a scalar inside it such as {{{field_name}[0]}} or "
-            f"{{{field_name}[key]}}, or give lock_key a list of parameter names"
-        )
+def _format_string_retired(
+    task_name: str, lock_key: str, signature: inspect.Signature | None
+) -> str:
+    """The refusal of a format-string ``lock_key``, with the lambda that replaces it."""
+    try:
+        parsed = list(string.Formatter().parse(lock_key))
+        body, roots = _as_f_string(parsed)
+    except ValueError:  # not even a valid format string: show it as it is
+        body, roots = f"f{lock_key!r}", []
+    if signature is not None:  # the task's own parameters, so positional calls still fit
+        plain = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+        parameters = str(signature.replace(parameters=plain, return_annotation=signature.empty))
+        parameters = parameters[1:-1]
     else:
-        why = (
-            "it has no stable text; give lock_key a list of parameter names or a callable "
-            f"returning {_SUPPORTED}"
-        )
-    raise LockKeyError(
-        f"task {task_name!r}: cannot build the lock key: format field {{{field_name}}} is of "
-        f"type {_type_name(original)}: {why}"
+        parameters = ", ".join([*dict.fromkeys(r for r in roots if r.isidentifier()), "**_"])
+    return (
+        f"task {task_name!r}: lock_key={lock_key!r} is a format string, and format-string keys "
+        f"are retired (a plain string is one parameter name); give lock_key a callable, called "
+        f"with the task's arguments, whose return value is the key: "
+        f"lock_key=lambda {parameters}: {body}"
     )
+
+
+def _as_f_string(
+    parsed: list[tuple[str, str | None, str | None, str | None]],
+) -> tuple[str, list[str]]:
+    """The f-string that formats as ``str.format`` did, and the fields' root names
+    (``{payload[id]}`` becomes ``{payload['id']}``: an f-string would look ``id`` up)."""
+    parts: list[str] = []
+    roots: list[str] = []
+    for literal, field, spec, conversion in parsed:
+        parts.append(literal.replace("{", "{{").replace("}", "}}"))
+        if field is None:
+            continue
+        root = _FIELD_ROOT.match(field).group()  # type: ignore[union-attr]
+        if not root.isidentifier():
+            raise ValueError(f"positional field {{{field}}}")
+        roots.append(root)
+        lookups = "".join(
+            f".{attr}" if attr else f"[{int(key) if key.isdigit() else key!r}]"
+            for attr, key in _FIELD_LOOKUP.findall(field[len(root) :])
+        )
+        parts.append(
+            "{"
+            + root
+            + lookups
+            + (f"!{conversion}" if conversion else "")
+            + (f":{spec}" if spec else "")
+            + "}"
+        )
+    body = "".join(parts)
+    if '"' in body or "\\" in body:
+        raise ValueError("quotes or backslashes")
+    return f'f"{body}"', roots
 
 
 class KeyBuilder:
@@ -539,45 +482,28 @@ class KeyBuilder:
     ``lock_key`` against the task's signature and raises
     :class:`~celery_zklock.errors.ConfigurationError` naming the task when it cannot work. Then
     call it with each call's ``(args, kwargs)``; it is stateless and thread-safe.
-
-    Format-string fields must resolve to ``None``, ``bool``, ``int``, ``float``, ``str``,
-    ``Decimal``, ``UUID``, ``date``/``datetime``/``time``, ``bytes`` or an ``Enum`` of those (as
-    its value). The key's value is ``{"__t": "format", "v": [format_string, fields]}`` with one
-    form per field, in order: a plain field (``{x}``) is its value's canonical form, as a list
-    ``lock_key`` would encode it (so ``{x}`` gives one key for ``1`` and ``1.0`` and two for
-    ``1`` and ``"1"``); a field with a conversion or a format spec (``{x!s}``, ``{when:%Y-%m-%d}``)
-    is the text it formats to, which you chose, so it may merge values on purpose (one lock per
-    day). Field boundaries are kept, so no two different field tuples share a key.
     """
 
-    __slots__ = ("_names", "_plain", "kind", "lock_key", "signature", "task_name")
+    __slots__ = ("_names", "kind", "lock_key", "signature", "task_name")
 
     def __init__(self, task_name: str, signature: inspect.Signature, lock_key: object) -> None:
         """Prefer :meth:`for_callable`; same arguments, same checks."""
-        spec = check_lock_key_spec(task_name, lock_key)
-        parameters = list(signature.parameters)
+        spec = check_lock_key_spec(task_name, lock_key, signature)
         self.task_name: Final = task_name
         self.signature: Final = signature
         self.lock_key: Final[LockKeySpec] = spec
         self._names: tuple[str, ...] = ()
-        # Positional-or-keyword parameters only, in order, with their defaults: then _bind
-        # needs no Signature.bind (about 4 us a call) for calls that fit.
-        self._plain: tuple[tuple[str, object], ...] | None = None
-        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values()):
-            self._plain = tuple((p.name, p.default) for p in signature.parameters.values())
         kind: KeyKind
         if spec is None:
             kind = "all"
-        elif isinstance(spec, str):
-            kind = "format"
-            self._check_format(spec, parameters)
         elif isinstance(spec, tuple):
             kind = "names"
             for name in spec:
                 if name not in signature.parameters:
                     raise ConfigurationError(
                         f"task {task_name!r}: lock_key names {name!r}, which is not a "
-                        f"parameter of the task; its parameters are: {_list(parameters)}"
+                        f"parameter of the task; its parameters are: "
+                        f"{_list(list(signature.parameters))}"
                     )
             self._names = spec
         else:
@@ -594,57 +520,12 @@ class KeyBuilder:
         ``inspect.signature(task.run)``, which already excludes ``self``).
 
         Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task: a name that is
-        not a parameter (with the list of parameters), a format string that does not parse, has
-        a positional field (``{}``, ``{0}``), an unknown field or an invalid conversion, or a
-        ``lock_key`` of an unsupported type.
+        not a parameter (with the list of parameters), a format string (with the callable that
+        replaces it), or a ``lock_key`` of an unsupported type.
         """
         return cls(task_name, signature, lock_key)
 
-    def _check_format(self, spec: str, parameters: list[str]) -> None:
-        try:
-            fields = _format_fields(spec)
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"task {self.task_name!r}: lock_key format string {spec!r} does not parse: {exc}"
-            ) from None
-        example = f"{{{parameters[0]}}}" if parameters else "no fields"
-        for field_name, conversion in fields:
-            name = _FIELD_ROOT.match(field_name).group()  # type: ignore[union-attr]
-            if name == "" or name.isdigit():
-                raise ConfigurationError(
-                    f"task {self.task_name!r}: lock_key format string {spec!r} has a positional "
-                    f"field {{{field_name}}}; name a parameter instead ({example})"
-                )
-            if name not in self.signature.parameters:
-                raise ConfigurationError(
-                    f"task {self.task_name!r}: lock_key format string {spec!r} has the field "
-                    f"{{{field_name}}}, but {name!r} is not a parameter of the task; its "
-                    f"parameters are: {_list(parameters)}"
-                )
-            if conversion not in (None, "r", "s", "a"):
-                raise ConfigurationError(
-                    f"task {self.task_name!r}: lock_key format string {spec!r} has the "
-                    f"conversion !{conversion} in {{{field_name}}}; use !r, !s or !a"
-                )
-
     def _bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
-        plain = self._plain
-        if plain is not None and len(args) <= len(plain):
-            arguments: dict[str, object] = {}
-            for (name, _default), value in zip(plain, args, strict=False):
-                arguments[name] = value
-            left = len(kwargs)
-            for name, default in plain[len(args) :]:
-                if name in kwargs:
-                    arguments[name] = kwargs[name]
-                    left -= 1
-                elif default is not inspect.Parameter.empty:
-                    arguments[name] = default
-                else:
-                    break  # a missing argument: Signature.bind names it
-            else:
-                if left == 0:  # else an unknown or doubled keyword: Signature.bind names it
-                    return arguments
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -663,24 +544,13 @@ class KeyBuilder:
         """Return the lock key of one call: ``<readable-prefix>~<32 hex>``.
 
         Raises ``TypeError`` (its message prefixed with the task name) when the arguments do not
-        fit the task's signature, :class:`LockKeyError` when a value has no stable encoding or a
-        format field cannot be formatted, and whatever a callable ``lock_key`` raises.
+        fit the task's signature, :class:`LockKeyError` when a value has no stable encoding,
+        and whatever a callable ``lock_key`` raises.
         """
-        if self.kind == "format" or self.kind == "callable":
-            return _key_from_normalised(self._normalised(args, kwargs))
-        arguments = self._bind(args, kwargs)
-        if self.kind == "names":
-            arguments = {name: arguments[name] for name in self._names}
-        key = _plain_key(arguments)
-        if key is None:
-            key = _key_from_normalised(self._normalise_arguments(arguments))
-        return key
+        return _key_from_normalised(self._normalised(args, kwargs))
 
     def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
         arguments = self._bind(args, kwargs)
-        if self.kind == "format":
-            assert isinstance(self.lock_key, str)
-            return self._format(self.lock_key, arguments)
         if self.kind == "callable":
             assert callable(self.lock_key)
             function = self.lock_key
@@ -689,18 +559,12 @@ class KeyBuilder:
             return self._encode(value, "value", where)
         if self.kind == "names":
             arguments = {name: arguments[name] for name in self._names}
-        return self._normalise_arguments(arguments)
-
-    def _normalise_arguments(self, arguments: dict[str, object]) -> _Json:
-        out: dict[str, _Json] = {}
-        for name, value in arguments.items():
-            kind = type(value)
-            # The common arguments are their own canonical form: skip _normalise's dispatch.
-            if value is None or kind is str or (kind is int and cast(int, value).bit_length() < 64):
-                out[name] = cast(_Json, value)
-            else:
-                out[name] = self._encode(value, name, f"argument {name!r}")
-        return _wrap_dict(out)
+        return _wrap_dict(
+            {
+                name: self._encode(value, name, f"argument {name!r}")
+                for name, value in arguments.items()
+            }
+        )
 
     def _encode(self, value: object, path: str, where: str) -> _Json:
         try:
@@ -712,32 +576,6 @@ class KeyBuilder:
                 f"{inside} is of type {exc.type_name} and {exc.reason}; pass {_SUPPORTED}, "
                 f"or give lock_key a callable that returns such a value"
             ) from None
-
-    def _format(self, spec: str, arguments: dict[str, object]) -> _Json:
-        """``{"__t": "format", "v": [spec, [one form per field]]}``: see :class:`KeyBuilder`."""
-        formatter = _KeyFormatter(self.task_name)
-        fields: list[_Json] = []
-        try:
-            for _literal, name, format_spec, conversion in formatter.parse(spec):
-                if name is None:
-                    continue
-                value, _ = formatter.get_field(name, (), arguments)
-                if conversion is None and not format_spec:
-                    fields.append(self._encode(value, name, f"format field {{{name}}}"))
-                    continue
-                value = formatter.convert_field(value, conversion)
-                spec_text = format_spec or ""
-                if "{" in spec_text:
-                    spec_text = formatter.vformat(spec_text, (), arguments)
-                fields.append(_tag("text", formatter.format_field(value, spec_text)))
-        except LockKeyError:
-            raise
-        except (ValueError, TypeError, LookupError, AttributeError) as exc:
-            raise LockKeyError(
-                f"task {self.task_name!r}: cannot build the lock key: format string {spec!r} "
-                f"failed on this call's arguments: {type(exc).__name__}: {exc}"
-            ) from None
-        return _tag("format", [spec, fields])
 
     def __repr__(self) -> str:
         return f"KeyBuilder({self.task_name!r}, kind={self.kind!r}, lock_key={self.lock_key!r})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -49,9 +50,11 @@ __all__ = [
     "OnLost",
     "OnTimeout",
     "OptionRule",
+    "TaskLockSpec",
     "check_lock_name",
     "options_from_task",
     "request_overrides",
+    "signature_of_run",
     "with_call_overrides",
 ]
 
@@ -405,18 +408,62 @@ def _did_you_mean(key: object, known: Mapping[str, object] | frozenset[str]) -> 
 
 @dataclass(frozen=True)
 class TaskLockSpec:
-    """A task's lock, compiled once when the task class is made: its validated options and
-    the function from call arguments to the lock key."""
+    """A task's lock, compiled once when the task class is made (:meth:`compile`): its
+    validated options and the function from call arguments to the lock key, from which every
+    call's options (:meth:`for_call`) and lock path (:meth:`path`) follow."""
 
     task_name: str
     options: LockOptions
     keys: KeyBuilder
+
+    @classmethod
+    def compile(cls, task_class: type, name: str | None) -> TaskLockSpec:
+        """Check and compile the ``lock_*`` attributes of ``task_class``, a ``ZkLockTask``
+        subclass, for the task named ``name``.
+
+        Raises :class:`~celery_zklock.errors.ConfigurationError` naming the task and the
+        option: an option :func:`options_from_task` refuses, a misspelt ``lock_*`` attribute
+        (it lands as a class attribute), a ``lock_key`` that does not fit the signature of the
+        class's ``run`` (see :class:`~celery_zklock.keys.KeyBuilder`), or no name at all (a
+        class-based task used before it was registered).
+        """
+        if not name:
+            raise ConfigurationError(
+                f"{task_class.__qualname__} has no task name: register an instance "
+                "(app.register_task) or set its name before it is used"
+            )
+        attrs = {attr: getattr(task_class, attr) for attr in TASK_ATTRIBUTES}
+        attrs.update(
+            (attr, value)
+            for attr, value in vars(task_class).items()
+            if attr.startswith("lock_") and attr not in TASK_ATTRIBUTES
+        )
+        # The key first: its checks know the signature (a retired format string's message
+        # shows the callable that replaces it, with the task's own parameters).
+        keys = KeyBuilder.for_callable(name, signature_of_run(task_class), attrs["lock_key"])
+        attrs["lock_key"] = keys.lock_key
+        return cls(name, options_from_task(name, attrs), keys)
 
     def for_call(self, overrides: Mapping[str, object] | None) -> LockOptions:
         """The options of one call: the task's, with the call's ``zklock={...}`` applied."""
         if overrides is None:
             return self.options
         return with_call_overrides(self.options, self.task_name, overrides)
+
+    def path(self, root: str, args: Any, kwargs: Any) -> str:
+        """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``
+        being the app's ``zklock_root`` (the lock name is never per call). Raises what
+        :meth:`KeyBuilder.__call__ <celery_zklock.keys.KeyBuilder.__call__>` raises."""
+        return f"{root}/{self.options.name}/{self.keys(args, kwargs)}"
+
+
+def signature_of_run(task_class: type) -> inspect.Signature:
+    """The signature callers use: without ``self`` for bound tasks and class-based ``run``."""
+    raw = inspect.getattr_static(task_class, "run")
+    if isinstance(raw, staticmethod):
+        return inspect.signature(raw.__func__)
+    signature = inspect.signature(raw)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 CALL_OPTION: Final = "zklock"

@@ -2,11 +2,9 @@
 
 :class:`LockedRun` works out the call's options, lock path, lock side and identity once, then:
 
-0. **ahead** (in a worker, exclusive and shared locks without ``dedupe``): when Celery announces
-   the run (``task_prerun``), :meth:`LockedRun.send_ahead` sends the create of the run's
-   contender node and does not wait, so its round trip overlaps what Celery does before the
-   call (the track-started write); the acquire below finishes it. A run that never reaches the
-   acquire removes that node at ``task_postrun`` (:meth:`LockedRun.drop_sent_ahead`).
+0. **ahead** (in a worker): :mod:`celery_zklock.ahead` may have made the run at
+   ``task_prerun`` and sent the create of its contender node then; it hands :meth:`LockedRun.run`
+   the lock side that create went on, and the acquire below finishes it.
 
 1. **acquire**: a try-lock; when busy, the task's busy policy (:mod:`celery_zklock.policy`),
    after :mod:`celery_zklock.delivery` has looked for another delivery of this very task in the
@@ -53,12 +51,6 @@ MAX_LOOKS: Final = 3
 _held = threading.local()
 
 
-def call_path(root: str, spec: TaskLockSpec, options: LockOptions, args: Any, kwargs: Any) -> str:
-    """The lock path of one call: ``<zklock_root>/<lock name>/<key of the arguments>``, the
-    root being the app's (``settings_of(app).root``)."""
-    return f"{root}/{options.name}/{spec.keys(args, kwargs)}"
-
-
 def current_lease() -> Lease | None:
     """The lease of the innermost locked body running on this thread (or greenlet), if any."""
     stack: list[Lease] = getattr(_held, "stack", [])
@@ -75,7 +67,7 @@ class LockedRun:
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
-        self.path = call_path(self.settings.root, spec, self.options, args, kwargs)
+        self.path = spec.path(self.settings.root, args, kwargs)
         self.task_id = request.id
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: Lease | None = None
@@ -83,57 +75,26 @@ class LockedRun:
         self.granted_at: float | None = None
         self.lost_told = False
         self.lost_told_event: threading.Event | None = None
-        self.side: Mutex | None = None  # made by send_ahead, with the client it used
-        self.side_client: KazooClient | None = None
-        self.stopped: BaseException | None = None  # what stopped send_ahead, for run to raise
 
-    def send_ahead(self) -> bool:
-        """Send the create of this run's contender node now, without waiting (see step 0 of
-        the module docstring); whether it went. Never raises: whatever stops it here (no
-        connection yet, a setting to fix) is met again, and reported, by :meth:`run`; the task's
-        soft time limit or loss of its lock, landing here, is raised by :meth:`run` (Celery's
-        signal dispatch would swallow it)."""
-        options = self.options
-        if not self.in_worker or options.mode == "semaphore" or options.dedupe is not None:
-            return False
-        try:
-            client = get_client(self.settings.client)
-            # recorded before the send, so that whatever cuts it short still finds its node
-            side = self.side = self._side(client)
-            self.side_client = client
-            return side._send_ahead(delivery.identity(self.task, self.request))
-        except STOPPING as exc:
-            self.stopped = exc
-            return False
-        except Exception:
-            return False
-
-    def drop_sent_ahead(self) -> None:
-        """Remove the node :meth:`send_ahead` created if the acquire never took it up."""
-        if self.side is not None:
-            self.side._drop_sent_ahead()
-
-    def run(self, body: Callable[[], Any]) -> Any:
+    def run(
+        self, body: Callable[[], Any], side_for: Callable[[KazooClient], Mutex] | None = None
+    ) -> Any:
         """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
 
         With ``dedupe``, the call's marker goes when the run starts (``queued``) or when it ends
-        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`. A create sent ahead
-        that the acquire did not take up (the run ended before it) is removed on the way out."""
-        try:
-            if self.stopped is not None:
-                raise self.stopped
-            return self._run_marked(body)
-        finally:
-            self.drop_sent_ahead()
+        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`. ``side_for`` gives
+        the lock side to acquire on the client the run uses (default :meth:`side_for`): the
+        send-ahead's, whose create is in flight."""
+        return self._run_marked(body, side_for or self.side_for)
 
-    def _run_marked(self, body: Callable[[], Any]) -> Any:
+    def _run_marked(self, body: Callable[[], Any], side_for: Callable[[KazooClient], Mutex]) -> Any:
         client = self._client()
         dedupe = self.options.dedupe
         if dedupe == "queued":
             self._remove_marker(client, starting=True)
         keep_marker = False
         try:
-            return self._run(client, body)
+            return self._run(client, side_for(client), body)
         except Retry:
             keep_marker = True  # the retry's message carries this task id: the marker is its own
             raise
@@ -160,19 +121,16 @@ class LockedRun:
                 )
             self._log("marker-left", self.path, error=repr(exc))
 
-    def _side(self, client: KazooClient) -> Mutex:
+    def side_for(self, client: KazooClient) -> Mutex:
+        """The lock side this run contends on: a semaphore, or one side of the path's
+        read-write lock (write for ``exclusive``, read for ``shared``)."""
         if self.options.mode == "semaphore":
             assert self.options.limit is not None  # LockOptions requires it with this mode
             return Semaphore(client, self.path, self.options.limit)
-        # one side of the path's ReadWriteLock
         kind = WRITE if self.options.mode == "exclusive" else READ
         return Mutex(client, self.path, kind=kind)
 
-    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
-        side = self.side
-        if side is None or self.side_client is not client:  # none sent ahead, or on another client
-            self.drop_sent_ahead()
-            side = self._side(client)
+    def _run(self, client: KazooClient, side: Mutex, body: Callable[[], Any]) -> Any:
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it

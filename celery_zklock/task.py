@@ -1,9 +1,11 @@
 """``ZkLockTask``: a Celery task that runs its body under a ZooKeeper lock keyed by its arguments.
 
-The class holds the lock options (checked and compiled when the task class is made), carries a
-call's ``zklock={...}`` overrides in the message headers, and hands each call to a
-:class:`~celery_zklock.run.LockedRun`, which acquires, holds and releases. Where each outcome is
-decided: :mod:`celery_zklock.policy` (busy, timeout, lost, unavailable),
+The class holds the lock options (compiled once, when the task class is made, into a
+:class:`~celery_zklock.options.TaskLockSpec`), carries a call's ``zklock={...}`` overrides in the
+message headers, and hands each call to a :class:`~celery_zklock.run.LockedRun` (through
+:mod:`celery_zklock.ahead`, which may have made it at ``task_prerun``), which acquires, holds
+and releases. Where each outcome is decided: :mod:`celery_zklock.policy` (busy, timeout, lost,
+unavailable),
 :mod:`celery_zklock.delivery` (another delivery of the same message), :mod:`celery_zklock.run`
 (the lease from grant to release), :mod:`celery_zklock.interrupt` (stopping the body).
 """
@@ -15,20 +17,13 @@ import inspect
 from typing import Any, ClassVar, Final
 
 from celery import Task, uuid
-from celery.signals import (
-    task_postrun,
-    task_prerun,
-    worker_init,
-    worker_process_shutdown,
-    worker_shutdown,
-)
+from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
-from celery_zklock import holders
+from celery_zklock import ahead, holders
 from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.keys import KeyBuilder
 from celery_zklock.locks import Lease
 from celery_zklock.options import (
     CALL_OPTION,
@@ -39,15 +34,12 @@ from celery_zklock.options import (
     DEFAULT_ON_TIMEOUT,
     DEFAULT_RETRY_COUNTDOWN,
     DEFAULT_TIMEOUT,
-    TASK_ATTRIBUTES,
     LockOptions,
     TaskLockSpec,
-    options_from_task,
     request_overrides,
-    with_call_overrides,
 )
 from celery_zklock.policy import is_skipped
-from celery_zklock.run import LockedRun, call_path, current_lease
+from celery_zklock.run import current_lease
 from celery_zklock.session import close_clients
 
 __all__ = ["CALL_OPTION", "ZkLockTask", "is_skipped"]
@@ -68,7 +60,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
     #: Tasks with the same lock name share locks.
     lock_name: ClassVar[str | None] = None
     #: Which arguments identify the lock: None (all, bound to the signature with defaults),
-    #: a list of parameter names, a format string, or a callable (see celery_zklock.keys).
+    #: one parameter name, a list of them, or a callable (see celery_zklock.keys).
     lock_key: ClassVar[Any] = None
     #: ``exclusive`` (one holder), ``shared`` (readers together, writers alone) or
     #: ``semaphore`` (at most lock_limit at once).
@@ -92,48 +84,24 @@ class ZkLockTask(Task):  # type: ignore[misc]
     #: Seconds after which a marker whose message never ran stops deduplicating its key.
     lock_dedupe_ttl: ClassVar[float] = DEFAULT_DEDUPE_TTL
 
+    #: The compiled lock (options, key builder, path) of the task named in it: see _zklock_compile.
     _zklock_spec: ClassVar[TaskLockSpec | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._zklock_spec = None
-        # A class with a body is a task definition: fail now on bad options. Without a name
-        # it gets one when registered (app.register_task names the instance): check it now
-        # under the name Celery will give it, compile it then.
+        # A class with a body is a task definition: fail now on bad options (without a name,
+        # under the one app.register_task will give its instance).
         if inspect.getattr_static(cls, "run") is not Task.run:
-            if getattr(cls, "name", None):
-                cls._zklock_compile()
-            else:
-                cls._zklock_build(f"{cls.__module__}.{cls.__name__}")
+            cls._zklock_compile(getattr(cls, "name", None) or f"{cls.__module__}.{cls.__name__}")
 
     @classmethod
     def _zklock_compile(cls, name: str | None = None) -> TaskLockSpec:
-        """The lock options and key function of the task named ``name`` (the task's
-        ``self.name``; the class's name when None), checked and built once."""
-        name = name or cls.name
+        """The lock of the task named ``name`` (default: the class's), compiled once."""
         spec = cls._zklock_spec
-        if spec is not None and spec.task_name == name:
-            return spec
-        if not name:
-            raise ConfigurationError(
-                f"{cls.__qualname__} has no task name: register an instance "
-                "(app.register_task) or set its name before it is used"
-            )
-        spec = cls._zklock_spec = cls._zklock_build(name)
+        if spec is None or spec.task_name != (name or cls.name):
+            spec = cls._zklock_spec = TaskLockSpec.compile(cls, name or cls.name)
         return spec
-
-    @classmethod
-    def _zklock_build(cls, name: str) -> TaskLockSpec:
-        attrs = {attr: getattr(cls, attr) for attr in TASK_ATTRIBUTES}
-        # Misspelt options (lock_on_bussy=...) land as class attributes: report them.
-        attrs.update(
-            (attr, value)
-            for attr, value in vars(cls).items()
-            if attr.startswith("lock_") and attr not in TASK_ATTRIBUTES
-        )
-        options = options_from_task(name, attrs)
-        keys = KeyBuilder.for_callable(name, _signature_of_run(cls), options.key)
-        return TaskLockSpec(name, options, keys)
 
     # -- sending -------------------------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -147,8 +115,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         options.update(zip(_APPLY_ASYNC_POSITIONAL, rest, strict=False))  # by name
         task_id = options.pop("task_id", None) or uuid()
         send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
-        root = settings_of(self.app).root
-        path = call_path(root, self._zklock_compile(self.name), call, args or (), kwargs or {})
+        path = self.lock_path(*(args or ()), **(kwargs or {}))  # the name is not per call
         return enqueue_once(self, call, path, task_id, send, resend=resend)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -159,19 +126,17 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     def _carry_call_options(self, options: dict[str, Any]) -> LockOptions:
         overrides = options.pop(CALL_OPTION, None)
-        if overrides is None:
-            return self._zklock_compile(self.name).options
-        call = with_call_overrides(self._zklock_compile(self.name).options, self.name, overrides)
-        options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
+        call = self._zklock_compile(self.name).for_call(overrides)  # validated before sending
+        if overrides is not None:
+            options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
         return call
 
     def signature_from_request(
         self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
-        """Celery's ``signature_from_request`` (used by ``self.retry()`` and by the re-send
-        after a lost worker), keeping ``zklock``: in a worker the message's custom headers
-        become request attributes, not headers. Its ``apply_async`` is a re-send of the
-        request's own message, which ``lock_dedupe`` never drops."""
+        """Celery's ``signature_from_request`` (``self.retry()``, the re-send after a lost
+        worker), keeping ``zklock`` (a worker's request holds it as an attribute, not a header);
+        its ``apply_async`` re-sends the request's own message, which dedupe never drops."""
         signature = super().signature_from_request(request, args, kwargs, **options)
         signature.options[_RESEND] = True
         overrides = request_overrides(self.request if request is None else request)
@@ -190,21 +155,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return lease
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = self.request
-        ahead: LockedRun | None = getattr(request, _RUN_AHEAD, None)  # made at task_prerun
-        try:  # from here its node is removed on the way out; before, task_postrun removes it
-            run = ahead
-            if ahead is not None:
-                setattr(request, _RUN_AHEAD, None)  # a call nested in the body makes its own
-                if ahead.call != (args, kwargs):  # a subclass changed the arguments
-                    ahead.drop_sent_ahead()
-                    run = None
-            if run is None:
-                run = LockedRun(self, self._zklock_compile(self.name), args, kwargs)
-            return run.run(functools.partial(super().__call__, *args, **kwargs))
-        finally:
-            if ahead is not None:
-                ahead.drop_sent_ahead()  # a no-op once its acquire took the node up
+        body = functools.partial(super().__call__, *args, **kwargs)
+        return ahead.call(self, self._zklock_compile(self.name), args, kwargs, body)
 
     # -- operating -----------------------------------------------------------------------
     def lock_path(self, *args: Any, **kwargs: Any) -> str:
@@ -215,50 +167,6 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Who holds the lock a call with these arguments takes, or None; the first holder
         of a shared lock (all of them: :func:`celery_zklock.holders.lock_holders`)."""
         return holders.lock_holder(self, args, kwargs)
-
-
-def _signature_of_run(cls: type) -> inspect.Signature:
-    """The signature callers use: without ``self`` for bound tasks and class-based ``run``."""
-    raw = inspect.getattr_static(cls, "run")
-    if isinstance(raw, staticmethod):
-        return inspect.signature(raw.__func__)
-    signature = inspect.signature(raw)
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
-
-
-def _send_lock_request_ahead(
-    sender: Any = None, args: Any = None, kwargs: Any = None, **_: Any
-) -> None:
-    """``task_prerun``: the locked run is worked out and its first request goes out now
-    (:meth:`LockedRun.send_ahead`); ``__call__`` takes the run over. A call it cannot work out
-    (arguments the key refuses, say) is left to ``__call__``, which reports it."""
-    if not isinstance(sender, ZkLockTask):
-        return
-    try:
-        run = LockedRun(
-            sender, sender._zklock_compile(sender.name), tuple(args or ()), dict(kwargs or {})
-        )
-    except Exception:
-        return
-    setattr(sender.request, _RUN_AHEAD, run)  # first: a run stopped while sending is dropped
-    run.send_ahead()
-
-
-def _drop_lock_request_sent_ahead(sender: Any = None, **_: Any) -> None:
-    """``task_postrun``: remove the node of a request sent ahead that no ``__call__`` took up
-    (Celery failed between the two: its track-started write, say)."""
-    if not isinstance(sender, ZkLockTask):
-        return
-    run = _take_run_ahead(sender.request)
-    if run is not None:
-        run.drop_sent_ahead()
-
-
-def _take_run_ahead(request: Any) -> LockedRun | None:
-    run: LockedRun | None = getattr(request, _RUN_AHEAD, None)
-    if run is not None:
-        setattr(request, _RUN_AHEAD, None)
-    return run
 
 
 def _close_clients_on_shutdown(**_: Any) -> None:
@@ -284,11 +192,8 @@ def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
 #: The ``apply_async`` option marking a re-send of the request's own message (see
 #: ``signature_from_request``); taken out before Celery sees the options.
 _RESEND: Final = "_zklock_resend"
-#: The task request's attribute holding a run whose first request went out at task_prerun.
-_RUN_AHEAD: Final = "_zklock_run_ahead"
 
-task_prerun.connect(_send_lock_request_ahead, weak=False)
-task_postrun.connect(_drop_lock_request_sent_ahead, weak=False)
+ahead.connect_signals(ZkLockTask)
 worker_init.connect(_check_settings_at_worker_start, weak=False)
 worker_process_shutdown.connect(_close_clients_on_shutdown, weak=False)
 worker_shutdown.connect(_close_clients_on_shutdown, weak=False)

@@ -1,4 +1,4 @@
-"""A locked run's first request sent at ``task_prerun`` (``LockedRun.send_ahead``), through
+"""A locked run's first request sent at ``task_prerun`` (:mod:`celery_zklock.ahead`), through
 Celery's own tracer (``celery.app.trace.build_tracer``, what a worker's pool process runs) in
 this process, on a real ZooKeeper: the node made at prerun is the one the body holds, a run
 that fails between prerun and the call leaves no node, and a subclass that changes the
@@ -19,6 +19,7 @@ from celery.states import FAILURE, STARTED
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask
+from celery_zklock import ahead as ahead_module
 from celery_zklock import run as run_module
 from celery_zklock.locks.queue import ContenderQueue
 from tests.lockutil import wait_for
@@ -151,6 +152,7 @@ def test_a_run_that_ends_before_its_acquire_removes_the_node_sent_ahead(
         return real_get_client(config)
 
     _make_parent(zk_client, unreachable.lock_path(6))
+    monkeypatch.setattr(ahead_module, "get_client", get_client_once)
     monkeypatch.setattr(run_module, "get_client", get_client_once)
     out = _trace(unreachable, 6)
     assert calls == []
@@ -184,13 +186,13 @@ def test_a_stop_landing_while_the_create_goes_ahead_leaves_no_node(
         return "ran"
 
     if where == "after the send ahead":
-        real_send_ahead = run_module.LockedRun.send_ahead
+        real_send = ahead_module.SentAhead.send
 
-        def send_ahead(run: Any) -> bool:
-            real_send_ahead(run)
+        def send(sent: Any) -> bool:
+            real_send(sent)
             raise SoftTimeLimitExceeded()
 
-        monkeypatch.setattr(run_module.LockedRun, "send_ahead", send_ahead)
+        monkeypatch.setattr(ahead_module.SentAhead, "send", send)
     else:
         real_send_create = ContenderQueue.send_create
 
@@ -234,6 +236,7 @@ def test_a_soft_time_limit_landing_while_prerun_connects_fails_the_task(
             raise SoftTimeLimitExceeded()
         return real_get_client(config)
 
+    monkeypatch.setattr(ahead_module, "get_client", connecting)
     monkeypatch.setattr(run_module, "get_client", connecting)
     out = _trace(body, 2)
     assert ran == []

@@ -84,9 +84,18 @@ def test_key_shapes_are_kept() -> None:
     def pick(account_id: int) -> int:
         return account_id
 
-    assert options_from_task(TASK, {"lock_key": "{account_id}"}).key == "{account_id}"
+    assert options_from_task(TASK, {"lock_key": "account_id"}).key == ("account_id",)
+    assert options_from_task(TASK, {"lock_key": ["account_id"]}).key == ("account_id",)
     assert options_from_task(TASK, {"lock_key": pick}).key is pick
     assert options_from_task(TASK, {"lock_key": []}).key == ()
+
+
+def test_a_format_string_key_is_refused_naming_the_task_and_the_option() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        options_from_task(TASK, {"lock_key": "{account_id}:{region}"})
+    message = str(caught.value)
+    assert message.startswith(f"task {TASK!r}: lock_key='{{account_id}}:{{region}}' is a format")
+    assert 'lock_key=lambda account_id, region, **_: f"{account_id}:{region}"' in message
 
 
 def test_constants_match_the_literal_types() -> None:

@@ -53,3 +53,44 @@ def test_a_class_task_used_before_it_has_a_name_says_so() -> None:
 
     with pytest.raises(ConfigurationError, match="Unregistered has no task name"):
         Unregistered().lock_path(1)
+
+
+def test_a_bare_string_lock_key_is_one_lock_per_value_of_that_parameter() -> None:
+    """``lock_key="account_id"`` used to be a format string without fields: every call of the
+    task shared one lock. It is the parameter's name: one lock per account."""
+    app = Celery("proj", set_as_current=False)
+    app.conf.zklock_hosts = "127.0.0.1:1"  # lock paths are computed here, nothing connects
+
+    @app.task(base=ZkLockTask, lock_key="account_id", shared=False, lazy=False)
+    def sync(account_id: int, full: bool = False) -> None: ...
+
+    @app.task(
+        base=ZkLockTask, lock_key=["account_id"], lock_name=sync.name, shared=False, lazy=False
+    )
+    def listed(account_id: int, full: bool = False) -> None: ...
+
+    assert sync.lock_path(1) != sync.lock_path(2)
+    assert sync.lock_path(1) == sync.lock_path(account_id=1, full=True) == listed.lock_path(1)
+
+
+@pytest.mark.parametrize("where", ["decorator", "class body"])
+def test_a_format_string_lock_key_is_refused_when_the_task_is_made(where: str) -> None:
+    app = Celery("proj", set_as_current=False)
+    with pytest.raises(ConfigurationError) as caught:
+        if where == "decorator":
+
+            @app.task(
+                name="proj.sync", base=ZkLockTask, lock_key="{account_id}", shared=False, lazy=False
+            )
+            def sync(account_id: int) -> None: ...
+
+        else:
+
+            class Sync(ZkLockTask):  # type: ignore[misc]
+                name = "proj.sync"
+                lock_key = "{account_id}"
+
+                def run(self, account_id: int) -> None: ...
+
+    assert str(caught.value).startswith("task 'proj.sync': lock_key='{account_id}' is a format")
+    assert str(caught.value).endswith('lock_key=lambda account_id: f"{account_id}"')
