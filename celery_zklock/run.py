@@ -31,7 +31,13 @@ from kazoo.exceptions import KazooException
 from celery_zklock import delivery, visibility
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import release as release_marker
-from celery_zklock.errors import ConfigurationError, LockLost, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import (
+    ConfigurationError,
+    LockLost,
+    LockTimeout,
+    LossCode,
+    ZooKeeperUnavailable,
+)
 from celery_zklock.events import emit
 from celery_zklock.interrupt import STOPPING, Interruption, arm
 from celery_zklock.locks import Lease, Mutex, Semaphore
@@ -146,6 +152,7 @@ class LockedRun:
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
                 f"{lease.token}) was lost while the task ran: {lease.lost_reason}",
+                code=lease.lost_code,
             )
         return result
 
@@ -157,8 +164,10 @@ class LockedRun:
         message: str,
         holder: Any = None,
         cause: BaseException | None = None,
+        code: LossCode | None = None,
     ) -> Any:
-        """Act on ``situation`` under ``policy``: a skip result, None for ``wait``, or raise."""
+        """Act on ``situation`` under ``policy``: a skip result, None for ``wait``, or raise
+        (a ``LockLost`` carries the lease's loss ``code``)."""
         verdict = decide(situation, policy, in_worker=self.in_worker)
         if verdict.action == "skip":
             visibility.skipped(self.task, self.path, holder, situation)
@@ -167,6 +176,8 @@ class LockedRun:
             return None
         assert verdict.error is not None
         error = verdict.error(message)
+        if isinstance(error, LockLost):
+            error.code = code
         if verdict.action == "retry":
             raise self.task.retry(exc=error, countdown=self.options.retry_countdown) from cause
         raise error from cause

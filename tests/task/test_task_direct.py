@@ -22,6 +22,7 @@ from celery_zklock import (
     is_skipped,
     signals,
 )
+from celery_zklock.errors import LossCode
 from celery_zklock.testing import free_port
 from tests.lockutil import expire_session, task_client
 
@@ -164,6 +165,7 @@ def test_signals_and_log_lines_for_each_lock_event(
         expire_session(zk_hosts, clients[0])  # lost: the running body is interrupted
         runner.join(10)
         assert isinstance(outcome["value"], LockLost)
+        assert outcome["value"].code == LossCode.SESSION_EXPIRED
     finally:
         leave.set()
         for name, receive in receivers.items():
