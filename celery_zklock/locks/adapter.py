@@ -177,9 +177,9 @@ _check_lock = threading.Lock()
 
 def set_direct_writes(enabled: bool) -> None:
     """Let clients made from now on in this process write requests on their callers' threads
-    (True, the default) or send every request through kazoo's own write path (False): the
-    fallback a hook that differs selects, chosen on purpose, e.g. to measure what the direct
-    path buys. Clients already made keep the path they have."""
+    (True, the default) or leave every write to kazoo's connection thread (False: no
+    :class:`~celery_zklock.kazoo_handler.DirectSendClient`, as when a hook differs), e.g. to
+    measure what the direct path buys. Clients already made keep the path they have."""
     global _direct_writes
     _direct_writes = enabled
 
@@ -429,9 +429,10 @@ def create_node_async(client: Any, path: str, data: bytes) -> Any:
     sequence number); kazoo's async result gives ``(full path, stat)``: pass the path through
     ``client.unchroot``. The same request as ``client.create_async(path, data,
     ephemeral=True, sequence=True, include_data=True)``, answered on the connection thread
-    (through that call, and the path made full again, while :func:`direct_writes` is False)."""
+    (through that call, and the path made full again, when a hook of kazoo's write path
+    differs: :func:`write_path_hooks_differ`)."""
     result = client.handler.async_result()
-    if not direct_writes():
+    if write_path_hooks_differ() is not None:
         chroot = client.chroot or ""
 
         def made(created: Any) -> None:

@@ -239,27 +239,53 @@ def test_dropped_connections_mid_traffic_fail_or_answer_each_request_with_its_ow
     assert not client._pending and not client._queue
 
 
-@pytest.mark.parametrize("dropped_first", [False, True], ids=["connected", "reconnecting"])
+@pytest.mark.parametrize("dropped_first", [False, True], ids=["connected", "dropped"])
 def test_a_stop_settles_every_request_in_flight_and_nothing_hangs(
     zk_hosts: str, lock_root: str, dropped_first: bool
 ) -> None:
+    """Threads send their chains on the direct path while kazoo's connection thread holds the
+    answers back, so all are in flight (in ``_pending``) when the stop begins; with
+    ``dropped_first`` the connection is dropped first. Every request is then answered with its
+    own answer or failed, the stop returns, and a request after it fails at once. (The threads
+    are done sending before the stop: one that keeps sending while kazoo's stop runs can block
+    on kazoo's wake-up socket, on kazoo's own path as on ours.)"""
     client = _client(zk_hosts)
     try:
         client.ensure_path(lock_root)
-        with Load(client, lock_root, lost=CLOSED) as load:
-            wait_for(lambda: load.answered() > 100, 30, "answers")
-            # No new batch once the stop begins: a request made while kazoo's stop runs can be
-            # queued behind its Close, and a caller that keeps sending then can block on
-            # kazoo's wake-up socket (kazoo's own race, on its path as on ours).
-            load.stop.set()
-            if dropped_first:
-                assert adapter.force_reconnect(client)
-            client.stop()
-        assert load.errors == []
+        connection = client._connection
+        release = threading.Event()
+        read_socket = connection._read_socket
+
+        def held_back(read_timeout: float) -> Any:  # the connection thread
+            release.wait(ANSWER_WITHIN)
+            return read_socket(read_timeout)
+
+        connection._read_socket = held_back
+        chains = [_chains(lock_root, thread, 0) for thread in range(THREADS)]
+        senders = [
+            threading.Thread(target=lambda batch=batch: [c.send(client) for c in batch])
+            for batch in chains
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(ANSWER_WITHIN)
+        assert len(client._pending) >= THREADS * CHAINS_PER_BATCH, "too few in flight"
+        if dropped_first:
+            assert adapter.force_reconnect(client)
+        stopper = threading.Thread(target=client.stop)
+        stopper.start()
+        wait_for(lambda: client._stopped.is_set(), 10, "the stop to begin")
+        release.set()
+        stopper.join(ANSWER_WITHIN)
+        assert not stopper.is_alive(), "the stop hangs"
+        outcomes = [chain.check(CLOSED) for batch in chains for chain in batch]
+        assert len(outcomes) == THREADS * CHAINS_PER_BATCH
+        # Sent before the Close, all are answered; on a dropped connection, all fail.
+        assert set(outcomes) == {"lost" if dropped_first else "answered"}
         with pytest.raises(ConnectionClosedError):
             client.exists_async(lock_root).get(timeout=ANSWER_WITHIN)
-        assert not client._pending
-        assert client._connection._direct_sends is False
+        assert not client._pending and not connection._direct_sends
     finally:
         client.stop()
         client.close()
