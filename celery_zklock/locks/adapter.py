@@ -195,12 +195,13 @@ def write_path_hooks_differ() -> str | None:
     on, or None. Checked once per process (the first call warns once if one differs); a
     difference found later, in a handshake, is reported the same way."""
     global _checked
-    with _check_lock:
-        if not _checked:
-            _checked = True
-            found = _check_write_path()
-            if found is not None:
-                hook_differs(*found)
+    if not _checked:  # every contender create asks: no lock once the check has run
+        with _check_lock:
+            if not _checked:
+                found = _check_write_path()
+                if found is not None:
+                    hook_differs(*found)
+                _checked = True
     return differing_hook()
 
 
