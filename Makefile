@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat system-deps venv clean
+.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -58,6 +58,23 @@ $(COMPAT_STAMP): pyproject.toml tests/compat/constraints.txt
 	test -x $(COMPAT_BIN)/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_BIN)/python -m pip install -q --disable-pip-version-check -c tests/compat/constraints.txt -e '.[test]'
 	$(COMPAT_BIN)/python -m pip check
+	touch $@
+
+# The contract of kazoo's private hooks (locks/adapter.py: the shape check, its fallback, the direct
+# write path on a real ZooKeeper) against each supported kazoo minor version, as test-compat does:
+# one venv each (.venv-kazoo-2.9, ...), kazoo pinned, the rest as resolved for the `test` extra.
+KAZOO_VERSIONS := 2.9 2.10 2.11
+KAZOO_TESTS    := tests/recipes/test_kazoo_contract.py tests/unit/test_direct_sends.py
+test-kazoo: system-deps $(KAZOO_VERSIONS:%=.venv-kazoo-%/.installed)
+	@set -e; for v in $(KAZOO_VERSIONS); do \
+		.venv-kazoo-$$v/bin/python -c 'from importlib.metadata import version; print("test-kazoo: kazoo", version("kazoo"))'; \
+		.venv-kazoo-$$v/bin/python -m pytest -q -p no:cacheprovider $(KAZOO_TESTS) $(PYTEST_ARGS); \
+	done
+
+.venv-kazoo-%/.installed: pyproject.toml
+	test -x .venv-kazoo-$*/bin/python || $(PYTHON) -m venv .venv-kazoo-$*
+	.venv-kazoo-$*/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 'kazoo==$*.*'
+	.venv-kazoo-$*/bin/python -m pip check
 	touch $@
 
 # Debian packages (ZooKeeper, Redis, Java, docker-compose, Curator): checked every run, installed only when missing.

@@ -37,7 +37,16 @@ from typing import Any
 
 import redis
 
-from benchmarks import celery_fleet, contention, enqueue, herd, recipes, scale, task_layer
+from benchmarks import (
+    celery_fleet,
+    contention,
+    enqueue,
+    herd,
+    recipes,
+    scale,
+    task_layer,
+    variants,
+)
 from benchmarks.common import (
     MIN_REPEATS,
     ZK_SETTINGS,
@@ -124,6 +133,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="distinct keys in the scale section",
     )
     parser.add_argument(
+        "--contenders",
+        default="",
+        help="comma-separated extra contenders for sections celery and tasklayer, timed "
+        "beside the normal configuration: "
+        + ", ".join(f"{name} ({what})" for name, what in variants.VARIANTS.items())
+        + " (default: none)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=RESULTS / "latest.json", help="where to write the JSON"
     )
     parser.add_argument(
@@ -135,6 +152,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown or not chosen:
         parser.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
     args.sections = [s for s in SECTIONS if s in chosen]
+    try:
+        args.contenders = variants.check(
+            [c.strip() for c in args.contenders.split(",") if c.strip()]
+        )
+    except ValueError as exc:
+        parser.error(f"--contenders: {exc}")
     if args.repeats is not None and args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be at least {MIN_REPEATS} (medians over repetitions)")
     return args
@@ -150,7 +173,11 @@ def _sizes(args: argparse.Namespace) -> Sizes:
 
 
 def _run_sections(
-    names: Sequence[str], sizes: Sizes, redis_url: str, sections: dict[str, Any]
+    names: Sequence[str],
+    sizes: Sizes,
+    redis_url: str,
+    sections: dict[str, Any],
+    variant_names: Sequence[str] = (),
 ) -> None:
     runners: dict[str, Callable[[Any], dict[str, Any]]] = {
         "recipes": lambda zk: recipes.run_section(
@@ -183,6 +210,7 @@ def _run_sections(
             warmup=sizes.celery_warmup,
             repeats=sizes.repeats,
             progress=progress,
+            variant_names=variant_names,
         ),
         "scale": lambda zk: scale.run_section(
             zk, keys=sizes.scale_keys, processes=sizes.scale_processes, progress=progress
@@ -201,6 +229,7 @@ def _run_sections(
             warmup=sizes.task_layer_warmup,
             repeats=sizes.repeats,
             progress=progress,
+            variant_names=variant_names,
         ),
     }
     for name in names:
@@ -230,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.close()
         with zookeeper() as zk:
             machine = machine_info(zk.port, redis_version)
-        _run_sections(args.sections, sizes, red.url, sections)
+        _run_sections(args.sections, sizes, red.url, sections, args.contenders)
     report: dict[str, Any] = {
         "benchmark": "celery-zklock",
         "command": command,
@@ -241,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "zookeeper_settings": ZK_SETTINGS,
         "zookeeper_settings_of_section": ZK_SETTINGS_OF_SECTION,
         "sizes": asdict(sizes),
+        **({"contenders": list(args.contenders)} if args.contenders else {}),
         "sections": sections,
         "targets": targets(sections, quick=args.quick),
     }

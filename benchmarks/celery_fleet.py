@@ -7,6 +7,11 @@ then tells the worker to consume it (``add_consumer``) and waits: throughput is 
 drain rate. Per batch: tasks/s, the worker's CPU per task (its process tree, /proc), and each
 task's span in the worker from ``task_prerun`` to ``task_postrun`` (:mod:`benchmarks.celery_app`).
 Method: ``docs/benchmarks.md``, section 4.
+
+``--contenders`` (:mod:`benchmarks.variants`) adds ``zklock-skip/<variant>`` for each variant
+named: the same task on a worker of its own started the same way with the variant applied
+(``celery -A benchmarks.variants:app``), its batches interleaved with the others'. Only one
+worker consumes at a time; the others sit idle on the idle queue.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ import redis
 from celery import Celery
 from celery.result import ResultSet
 
+from benchmarks import variants
 from benchmarks.celery_app import (
     CPU_BODY_S,
     CPU_PLAIN,
@@ -192,18 +198,24 @@ def _restore(layout: dict[str, Any], redis_pid: int | None) -> None:
             pin_process(redis_pid, before)
 
 
-def _start_worker(settings: Settings, log_dir: Path, layout: dict[str, Any]) -> CeleryWorker:
-    command = celery_command("benchmarks.celery_app:app", POOL, CONCURRENCY, loglevel="warning")
+def _start_worker(
+    settings: Settings, log_dir: Path, layout: dict[str, Any], variant: str | None = None
+) -> CeleryWorker:
+    app = variants.WORKER_APP if variant else "benchmarks.celery_app:app"
+    command = celery_command(app, POOL, CONCURRENCY, loglevel="warning")
     if layout["pinned"]:
         # taskset execs the worker: same pid, and the pool processes inherit the CPU.
         command = ["taskset", "-c", str(layout["worker_cpu"]), *command]
+    env = settings.to_env()
+    if variant:
+        env[variants.VARIANT_ENV] = variant
     worker = CeleryWorker(
         command,
-        nodename=f"bench-{uuid.uuid4().hex[:8]}@%h",
-        log_path=log_dir / "worker.log",
+        nodename=f"bench-{variant or 'main'}-{uuid.uuid4().hex[:8]}@%h",
+        log_path=log_dir / f"worker-{variant or 'main'}.log",
         queues=[IDLE_QUEUE],
         cwd=REPO_ROOT,
-        env=settings.to_env(),
+        env=env,
     )
     worker.spawn()
     return worker
@@ -345,8 +357,15 @@ def run_section(
     warmup: int,
     repeats: int,
     progress: Progress,
+    variant_names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Section 4: one pinned worker, every contender, ``repeats`` batches each, rotated."""
+    """Section 4: one pinned worker, every contender, ``repeats`` batches each, rotated; one
+    more worker per name in ``variant_names`` (:mod:`benchmarks.variants`) for its contender."""
+    extra = {f"zklock-skip/{name}": name for name in variants.check(list(variant_names))}
+    contenders = CONTENDERS + tuple(
+        Contender(label, ZKLOCK_SKIP, "celery-zklock", f'ZkLockTask, lock_on_busy="skip", {what}')
+        for label, what in ((label, variants.VARIANTS[name]) for label, name in extra.items())
+    )
     settings = section_settings(
         zk_server, redis_url, "/bench-celery", pool=POOL, concurrency=CONCURRENCY
     )
@@ -368,19 +387,23 @@ def run_section(
     progress(f"celery: ZooKeeper warmed with {ZK_WARMUP_REQUESTS} requests in {warmed_s:.1f} s")
     log_dir = make_temp_dir("zklock-bench-celery-")
     worker: CeleryWorker | None = None
+    variant_workers: dict[str, CeleryWorker] = {}
     tally = Tally()
     idle: dict[str, float | None] = {}
     try:
         worker = _start_worker(settings, log_dir, layout)
+        for label, name in extra.items():
+            variant_workers[label] = _start_worker(settings, log_dir, layout, name)
         started = time.monotonic()
-        wait_until_answering(app, [worker], WORKER_READY_TIMEOUT_S)
+        wait_until_answering(app, [worker, *variant_workers.values()], WORKER_READY_TIMEOUT_S)
         progress(f"celery: worker ready in {time.monotonic() - started:.1f} s")
         bench = Bench(app, worker, client, zk_pid, redis_pid, zk_server.port)
+        benches = {label: replace(bench, worker=w) for label, w in variant_workers.items()}
 
         def run(contender: Contender, tag: str, size: int) -> dict[str, Any]:
-            return _batch(bench, contender, tag, size)
+            return _batch(benches.get(contender.label, bench), contender, tag, size)
 
-        measured = tally.warm_up(CONTENDERS, app.tasks, run, warmup)
+        measured = tally.warm_up(contenders, app.tasks, run, warmup)
         layout["worker_affinity"] = _worker_affinity(worker)
         idle = _idle_cpu(bench, IDLE_SECONDS)
         progress(f"celery: warm-up done; measuring {', '.join(c.label for c in measured)}")
@@ -393,14 +416,15 @@ def run_section(
                 )
             )
     finally:
-        if worker is not None:
-            worker.stop(grace=10.0)
+        for stopping in [worker, *variant_workers.values()]:
+            if stopping is not None:
+                stopping.stop(grace=10.0)
         _restore(layout, redis_pid)
         remove_temp_dir(log_dir)
         close_clients()
         client.close()
         app.close()
-    results = _summarise(tally, repeats)
+    results = _summarise(tally, repeats, contenders)
     return {
         "config": {
             "batch": batch,
@@ -430,12 +454,14 @@ def run_section(
     }
 
 
-def _summarise(tally: Tally, repeats: int) -> dict[str, dict[str, Any]]:
+def _summarise(
+    tally: Tally, repeats: int, contenders: Sequence[Contender] = CONTENDERS
+) -> dict[str, dict[str, Any]]:
     """Median and spread of every figure; ratios and differences to the baseline per
     repetition (the two contenders' batches of the same repetition)."""
     results: dict[str, dict[str, Any]] = {}
     complete: dict[str, list[dict[str, Any]]] = {}
-    for contender in CONTENDERS:
+    for contender in contenders:
         runs = tally.samples.get(contender.label, [])
         ok = tally.status.get(contender.label) == "ok" and len(runs) == repeats
         if ok:
@@ -456,7 +482,7 @@ def _summarise(tally: Tally, repeats: int) -> dict[str, dict[str, Any]]:
             values = [r[name] for r in runs]
             entry[name] = spread(values) if ok and None not in values else None
         results[contender.label] = entry
-    for contender in CONTENDERS:
+    for contender in contenders:
         entry = results[contender.label]
         ours = complete.get(contender.label)
         base = complete.get(contender.baseline) if contender.baseline else None

@@ -16,6 +16,12 @@ one client, ZooKeeper pinned to one CPU and this process to the other:
 The task layer is ``zklock - (recipe+plain)``, paired per repetition; ``zklock - recipe`` (which
 also counts Celery's part of the call) is reported beside it. How it is measured and why:
 ``docs/benchmarks.md``, section 7.
+
+``--contenders`` (:mod:`benchmarks.variants`) adds, interleaved with the four:
+``zklock/kazoo-writes`` (``zklock`` on a client with direct writes off) for ``kazoo-writes``;
+``zklock/prerun`` (``zklock`` with Celery's ``task_prerun`` and ``task_postrun`` sent around the
+call, as its tracer sends them: the lock request goes out at prerun) and
+``zklock/no-send-ahead`` (the same with the send-ahead off) for ``no-send-ahead``.
 """
 
 from __future__ import annotations
@@ -25,14 +31,16 @@ import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from celery import Celery, Task
 from celery.app.task import Context
 from celery.app.trace import reset_worker_optimizations, setup_worker_optimizations
+from celery.signals import task_postrun, task_prerun
 
+from benchmarks import variants
 from benchmarks.common import (
     Progress,
     mntr,
@@ -65,9 +73,11 @@ def _noop(self: Task, n: int) -> int:
     return n
 
 
-def _app(zk: ZooKeeperServer) -> Celery:
+def _app(zk: ZooKeeperServer, client_factory: str | None = None) -> Celery:
     app = Celery("bench-task-layer", broker="memory://", set_as_current=False)
     app.conf.zklock_hosts = zk.hosts
+    if client_factory is not None:
+        app.conf.zklock_client_factory = client_factory
     app.conf.task_ignore_result = True
     app.task(name=LOCKED_TASK, base=ZkLockTask, bind=True, shared=False)(_noop)
     app.task(name=PLAIN_TASK, bind=True, shared=False)(_noop)
@@ -98,8 +108,9 @@ def _worker_request(task_id: str, n: int) -> dict[str, Any]:
     }
 
 
-def _as_worker(task: Task) -> Call:
-    """Calls ``task`` the way Celery's tracer does in a worker (``celery.app.trace``)."""
+def _as_worker(task: Task, signals: bool = False) -> Call:
+    """Calls ``task`` the way Celery's tracer does in a worker (``celery.app.trace``); with
+    ``signals``, with ``task_prerun`` and ``task_postrun`` sent around the call, as it does."""
     stack = task.request_stack
     # The tracer calls __call__ only when a task class defines its own (ZkLockTask does).
     fun = task if type(task).__call__ is not Task.__call__ else task.run
@@ -110,7 +121,19 @@ def _as_worker(task: Task) -> Call:
             Context(_worker_request(task_id, n), args=(n,), kwargs={}, called_directly=False)
         )
         try:
-            fun(n)
+            if signals:
+                task_prerun.send(sender=task, task_id=task_id, task=task, args=(n,), kwargs={})
+            retval = fun(n)
+            if signals:
+                task_postrun.send(
+                    sender=task,
+                    task_id=task_id,
+                    task=task,
+                    args=(n,),
+                    kwargs={},
+                    retval=retval,
+                    state="SUCCESS",
+                )
         finally:
             stack.pop()
 
@@ -181,11 +204,35 @@ def _measure(call: Call, numbers: Iterator[int], calls: int, zk_port: int) -> di
     }
 
 
+def _variant_contenders(names: Sequence[str]) -> dict[str, str | None]:
+    """The contenders ``--contenders`` adds, each with the variant it runs under."""
+    extra: dict[str, str | None] = {}
+    if "kazoo-writes" in names:
+        extra["zklock/kazoo-writes"] = None  # its own client: direct writes off
+    if "no-send-ahead" in names:
+        extra["zklock/prerun"] = None
+        extra["zklock/no-send-ahead"] = "no-send-ahead"
+    return extra
+
+
 def run_section(
-    zk: ZooKeeperServer, *, calls: int, warmup: int, repeats: int, progress: Progress
+    zk: ZooKeeperServer,
+    *,
+    calls: int,
+    warmup: int,
+    repeats: int,
+    progress: Progress,
+    variant_names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Time the four contenders, interleaved in an order rotated per repetition."""
+    """Time the four contenders, and those ``variant_names`` add (:mod:`benchmarks.variants`),
+    interleaved in an order rotated per repetition."""
+    extra = _variant_contenders(variants.check(list(variant_names)))
+    contenders = (*CONTENDERS, *extra)
     app = _app(zk)
+    kazoo_app = None
+    if "zklock/kazoo-writes" in extra:
+        variants.hosts = zk.hosts
+        kazoo_app = _app(zk, f"{variants.__name__}:{variants.kazoo_writes_client.__name__}")
     setup_worker_optimizations(app, hostname="bench@task-layer")
     numbers = itertools.count()  # every call of every contender takes a key never used
     try:
@@ -200,18 +247,31 @@ def run_section(
                 "plain": plain_call,
                 "recipe+plain": _both(recipe, plain_call),
             }
-            for call in cases.values():
-                for _ in range(warmup):
-                    call(next(numbers))
+            if kazoo_app is not None:
+                cases["zklock/kazoo-writes"] = _as_worker(kazoo_app.tasks[LOCKED_TASK])
+            if "zklock/prerun" in extra:
+                cases["zklock/prerun"] = cases["zklock/no-send-ahead"] = _as_worker(
+                    locked, signals=True
+                )
+
+            def around(name: str) -> AbstractContextManager[None]:
+                variant = extra.get(name)
+                return variants.applied(variant) if variant else nullcontext()
+
+            for name, call in cases.items():
+                with around(name):
+                    for _ in range(warmup):
+                        call(next(numbers))
             if layout["pinned"]:
                 layout["caller_thread_cpus"] = sorted(
                     sorted(cpus) for cpus in thread_affinities(os.getpid())
                 )
-            figures: dict[str, list[dict[str, float]]] = {name: [] for name in CONTENDERS}
+            figures: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
             for rep in range(repeats):
-                for name in rotated(CONTENDERS, rep):
-                    figures[name].append(_measure(cases[name], numbers, calls, zk.port))
-                cpu = ", ".join(f"{n} {figures[n][-1]['cpu_ms']:.3f} ms" for n in CONTENDERS)
+                for name in rotated(contenders, rep):
+                    with around(name):
+                        figures[name].append(_measure(cases[name], numbers, calls, zk.port))
+                cpu = ", ".join(f"{n} {figures[n][-1]['cpu_ms']:.3f} ms" for n in contenders)
                 progress(f"task layer rep {rep + 1}: CPU per call {cpu}")
     finally:
         close_clients()
@@ -227,7 +287,7 @@ def run_section(
             "zk_requests_per_call": spread(series(name, "zk_requests")),
             "per_repetition": figures[name],
         }
-        for name in CONTENDERS
+        for name in contenders
     }
     return {
         "config": {

@@ -34,6 +34,7 @@ import ssl
 import struct
 import threading
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any, Final
 
 from kazoo.client import KazooClient
@@ -44,7 +45,16 @@ from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import Auth, Close
 from kazoo.protocol.states import KeeperState
 
-__all__ = ["DirectSendClient", "DirectSocketConnection", "PollingThreadingHandler", "poll_select"]
+__all__ = [
+    "DirectSendClient",
+    "DirectSocketConnection",
+    "PollingThreadingHandler",
+    "hook_differs",
+    "kazoo_version",
+    "poll_select",
+]
+
+_log = logging.getLogger(__name__)
 
 _READ = select.POLLIN | select.POLLPRI
 _WRITE = select.POLLOUT
@@ -191,7 +201,9 @@ class DirectSocketConnection(ConnectionHandler):  # type: ignore[misc]
                 self.logger.debug("Sending request(xid=%s): %s", xid, request)
             try:
                 client._pending.append((request, async_object, xid))
-                self._write(_HEADER.pack(len(body) + 8, xid, opcode) + body, self._send_timeout)
+                self._write(
+                    DIRECT_HEADER.pack(len(body) + 8, xid, opcode) + body, self._send_timeout
+                )
             except BaseException as exc:
                 # The stream may now hold part of a request, or an answer be awaited for one
                 # never sent: end this connection (the connection thread fails all in flight).
@@ -214,10 +226,15 @@ class DirectSocketConnection(ConnectionHandler):  # type: ignore[misc]
 
     def _connect(self, host: str, hostip: str, port: int) -> Any:
         timeouts = super()._connect(host, hostip, port)
+        if self._send_lock is None:
+            return timeouts
+        if not _are_timeouts(timeouts):
+            hook_differs("ConnectionHandler._connect", f"it returned {timeouts!r}")
         with self._writes_locked():
-            self._send_timeout = timeouts[1] / 1000.0
+            if _differing_hook is None:
+                self._send_timeout = timeouts[1] / 1000.0
             # OpenSSL does not allow one thread to write while another reads
-            self._direct_sends = self._send_lock is not None and not isinstance(
+            self._direct_sends = _differing_hook is None and not isinstance(
                 self._socket, ssl.SSLSocket
             )
         return timeouts
@@ -257,11 +274,56 @@ class DirectSendClient(KazooClient):  # type: ignore[misc]
         super()._session_callback(state)
 
 
-#: length, xid, opcode: the header of every request after the handshake.
-_HEADER: Final = struct.Struct("!iii")
+#: length, xid, opcode: the header of every request after the handshake (as kazoo writes it).
+DIRECT_HEADER: Final = struct.Struct("!iii")
 #: Requests kazoo's connection thread must send itself (auth takes its own xid; Close ends).
 _QUEUED_ONLY: Final = frozenset({Auth.type, Close.type})
 _UP_STATES: Final = frozenset({KeeperState.CONNECTED, KeeperState.CONNECTED_RO})
+
+
+_differing_hook: str | None = None
+_differs_lock = threading.Lock()
+
+
+def hook_differs(hook: str, detail: str) -> None:
+    """Record that kazoo's private ``hook`` is not what :class:`DirectSendClient` relies on:
+    from now on no connection of this process writes a request on its caller's thread (each
+    goes through kazoo's own queue from its next handshake, and at once after
+    :meth:`DirectSocketConnection.stop_direct_sends`). Logs one warning per process, naming
+    the first hook found to differ and the installed kazoo version."""
+    global _differing_hook
+    with _differs_lock:
+        if _differing_hook is not None:
+            return
+        _differing_hook = hook
+    _log.warning(
+        "kazoo %s: %s differs from what celery-zklock expects (%s); requests take kazoo's own "
+        "write path in this process",
+        kazoo_version(),
+        hook,
+        detail,
+    )
+
+
+def differing_hook() -> str | None:
+    """The private kazoo hook found to differ in this process (:func:`hook_differs`), if any."""
+    return _differing_hook
+
+
+def kazoo_version() -> str:
+    try:
+        return metadata.version("kazoo")
+    except metadata.PackageNotFoundError:  # run from a source tree
+        return "(unknown version)"
+
+
+def _are_timeouts(value: Any) -> bool:
+    """kazoo's ``_connect`` answers ``(read_timeout, connect_timeout)`` in milliseconds."""
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in value)
+    )
 
 
 def _shut(sock: socket.socket | None) -> None:

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import Auth, CloseInstance, Exists
 
+from celery_zklock import kazoo_handler
 from celery_zklock.kazoo_handler import (
     DirectSendClient,
     DirectSocketConnection,
@@ -235,3 +237,102 @@ def test_the_library_s_clients_send_directly_and_others_keep_kazoo_s_path() -> N
     custom = Custom("127.0.0.1:1", handler=PollingThreadingHandler())
     assert adapter.use_direct_socket_io(custom) is True  # the socket I/O, not the sends
     assert type(custom) is Custom and custom._connection._send_lock is None
+
+
+# --- The shape check (adapter.write_path_hooks_differ) ----------------------------------------
+
+
+@pytest.fixture
+def fresh_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shape check and its one warning, as in a process that has not run them yet."""
+    monkeypatch.setattr(adapter, "_checked", False)
+    monkeypatch.setattr(kazoo_handler, "_differing_hook", None)
+
+
+def test_the_installed_kazoo_has_the_write_path_the_direct_sends_rely_on() -> None:
+    assert adapter._check_write_path() is None
+
+
+def test_a_pending_entry_of_another_shape_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ConnectionHandler._send_request
+
+    def _send_request(self: Any, read_timeout: float, connect_timeout: float) -> None:
+        original(self, read_timeout, connect_timeout)
+        self.client._pending.append((*self.client._pending.pop(), "priority"))
+
+    monkeypatch.setattr(ConnectionHandler, "_send_request", _send_request)
+    found = adapter._check_write_path()
+    assert found is not None and found[0] == "KazooClient._pending"
+
+
+def test_an_answer_paired_another_way_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ConnectionHandler._read_response
+
+    def _read_response(self: Any, header: Any, buffer: bytes, offset: int) -> Any:
+        self.client._pending.appendleft(self.client._pending[0])  # kazoo pops twice, say
+        return original(self, header, buffer, offset)
+
+    monkeypatch.setattr(ConnectionHandler, "_read_response", _read_response)
+    found = adapter._check_write_path()
+    assert found is not None and found[0] == "ConnectionHandler._read_response"
+
+
+def test_a_request_written_another_way_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = ConnectionHandler._write
+
+    def _write(self: Any, msg: bytes, timeout: float) -> None:
+        original(self, msg + b"\0", timeout)
+
+    monkeypatch.setattr(ConnectionHandler, "_write", _write)
+    found = adapter._check_write_path()
+    assert found is not None and found[0] == "ConnectionHandler._send_request"
+
+
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [(KazooClient, "_call"), (ConnectionHandler, "_send_ping"), (ConnectionHandler, "_connect")],
+)
+def test_a_method_with_other_parameters_is_found(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str
+) -> None:
+    monkeypatch.setattr(owner, name, lambda self, *args: None)
+    found = adapter._check_write_path()
+    assert found is not None and found[0] == f"{owner.__name__}.{name}"
+
+
+def test_an_attribute_of_another_type_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = KazooClient.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._pending = list(self._pending)
+
+    monkeypatch.setattr(KazooClient, "__init__", __init__)
+    assert adapter._check_write_path() == ("KazooClient._pending", "is list")
+
+
+@pytest.mark.usefixtures("fresh_check")
+def test_a_hook_that_differs_gives_new_clients_kazoo_s_path_and_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(ConnectionHandler, "_send_ping", lambda self, timeout: None)
+    caplog.set_level(logging.WARNING, logger="celery_zklock")
+    clients = [new_client(ClientConfig(hosts="127.0.0.1:1")) for _ in range(3)]
+    assert [type(c) for c in clients] == [KazooClient] * 3
+    assert [type(c._connection) for c in clients] == [ConnectionHandler] * 3
+    assert not adapter.direct_writes()
+    (record,) = [r for r in caplog.records if r.name.startswith("celery_zklock")]
+    assert "ConnectionHandler._send_ping" in record.getMessage()
+    assert f"kazoo {adapter.kazoo_version()}" in record.getMessage()
+
+
+@pytest.mark.usefixtures("fresh_check")
+def test_direct_writes_can_be_turned_off_for_new_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adapter, "_direct_writes", True)
+    adapter.set_direct_writes(False)
+    off = new_client(ClientConfig(hosts="127.0.0.1:1"))
+    adapter.set_direct_writes(True)
+    on = new_client(ClientConfig(hosts="127.0.0.1:1"))
+    assert type(off) is KazooClient and type(off._connection) is DirectSocketConnection
+    assert off._connection._send_lock is None  # never writes on its callers' threads
+    assert type(on) is DirectSendClient
