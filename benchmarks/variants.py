@@ -17,6 +17,7 @@ its pool, so every pool process inherits it.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -24,9 +25,10 @@ from typing import Any, Final
 from celery.signals import task_prerun
 from kazoo.client import KazooClient
 
-from celery_zklock import task as zklock_task
+from celery_zklock import ahead
+from celery_zklock.config import ClientConfig
 from celery_zklock.locks import adapter
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.session import new_client
 
 #: Variant name -> what it turns off.
 VARIANTS: Final = {
@@ -61,8 +63,22 @@ def kazoo_writes_client() -> KazooClient:
 hosts = ""
 
 
+_receivers: dict[str, Any] = {}
+
+
 def _send_ahead_receiver() -> Any:
-    return zklock_task._send_lock_request_ahead
+    """The library's ``task_prerun`` receiver that sends the lock request ahead (found once,
+    while it is connected, and remembered for the reconnect)."""
+    if "send" in _receivers:
+        return _receivers["send"]
+    for _lookup, receiver in task_prerun.receivers:
+        function = receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+        if getattr(function, "__module__", None) == ahead.__name__ and (
+            getattr(function, "__name__", None) == "send_at_prerun"
+        ):
+            _receivers["send"] = function
+            return function
+    raise LookupError("celery_zklock.ahead's send_at_prerun is not connected to task_prerun")
 
 
 def apply(name: str) -> None:

@@ -16,9 +16,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionClosedError, ConnectionDropped, ConnectionLoss
 from kazoo.protocol.states import KazooState
 
+from celery_zklock.config import ClientConfig
 from celery_zklock.kazoo_handler import DirectSendClient
 from celery_zklock.locks import adapter
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.session import new_client
 from tests.lockutil import wait_for
 
 #: How long one request may take to be answered or failed, even across a reconnect.

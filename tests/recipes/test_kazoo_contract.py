@@ -30,9 +30,10 @@ from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.states import KazooState
 
 from celery_zklock import Mutex, kazoo_handler
+from celery_zklock.config import ClientConfig
 from celery_zklock.kazoo_handler import DirectSendClient, DirectSocketConnection
 from celery_zklock.locks import adapter
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.session import new_client
 from tests.lockutil import wait_for
 
 #: How long one request may take to be answered or failed, even across a reconnect.

@@ -12,7 +12,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock import Mutex, ReadWriteLock
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.config import ClientConfig
+from celery_zklock.session import new_client
 from tests.lockutil import expire_session, wait_for
 
 

@@ -12,7 +12,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
 from celery_zklock import session
-from celery_zklock.session import ClientConfig, get_client
+from celery_zklock.config import ClientConfig
+from celery_zklock.session import get_client
 
 
 def test_a_client_whose_sasl_login_check_fails_is_stopped(

@@ -20,13 +20,14 @@ from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import Auth, CloseInstance, Exists
 
 from celery_zklock import kazoo_handler
+from celery_zklock.config import ClientConfig
 from celery_zklock.kazoo_handler import (
     DirectSendClient,
     DirectSocketConnection,
     PollingThreadingHandler,
 )
 from celery_zklock.locks import adapter
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.session import new_client
 
 
 @pytest.fixture

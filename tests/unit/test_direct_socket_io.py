@@ -15,9 +15,10 @@ from kazoo.exceptions import ConnectionDropped
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.connection import ConnectionHandler
 
+from celery_zklock.config import ClientConfig
 from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
 from celery_zklock.locks import adapter
-from celery_zklock.session import ClientConfig, new_client
+from celery_zklock.session import new_client
 
 
 class _Counting(PollingThreadingHandler):
