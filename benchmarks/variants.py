@@ -7,6 +7,8 @@ none by default, so a plain run is unchanged).
   False (the same path the adapter falls back to when a kazoo hook differs).
 - ``no-send-ahead``: no lock request sent at ``task_prerun``; ``ZkLockTask.__call__`` sends
   it (the library's ``task_prerun`` receiver disconnected).
+- ``control``: nothing turned off; in section 4 the normal configuration on a variant worker of
+  its own, so that what a second worker costs is not read as a variant's effect.
 
 Section 7 applies a variant around each of its measurements (:func:`applied`), in-process.
 Section 4 runs a worker per variant: ``celery -A benchmarks.variants:app`` with
@@ -34,6 +36,7 @@ from celery_zklock.session import new_client
 VARIANTS: Final = {
     "kazoo-writes": "direct writes off (kazoo's own write path)",
     "no-send-ahead": "prerun send-ahead off",
+    "control": "nothing off: the normal configuration on a worker of its own",
 }
 #: The environment variable naming a section-4 worker's variant (read by this module only).
 VARIANT_ENV: Final = "ZKLOCK_BENCH_VARIANT"
@@ -87,7 +90,7 @@ def apply(name: str) -> None:
         adapter.set_direct_writes(False)
     elif name == "no-send-ahead":
         task_prerun.disconnect(_send_ahead_receiver())
-    else:
+    elif name != "control":
         check([name])
 
 
@@ -95,7 +98,7 @@ def apply(name: str) -> None:
 def applied(name: str | None) -> Iterator[None]:
     """Variant ``name`` (None: none) on in this process while the block runs. For
     ``kazoo-writes`` the clients must be made inside (section 7 uses its own app and client)."""
-    if name is None:
+    if name is None or name == "control":
         yield
         return
     apply(name)
