@@ -39,14 +39,10 @@ lock busy, or a shared run, pays it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import states
@@ -57,6 +53,7 @@ from kazoo.exceptions import NoNodeError
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
 from celery_zklock.locks.contenders import queue_of
+from celery_zklock.locks.identity import Identity, parse_identity
 
 logger = logging.getLogger("celery_zklock")
 
@@ -90,26 +87,15 @@ class Contender:
     name: str
     seq: int
     kind: str
-    identity: Mapping[str, Any] = field(default_factory=dict)
+    identity: Identity = field(default_factory=Identity)
 
     @property
-    def task_id(self) -> Any:
-        return self.identity.get("task_id")
+    def task_id(self) -> str | None:
+        return self.identity.task_id
 
     @property
     def retries(self) -> int:
-        try:
-            return int(self.identity.get("retries") or 0)
-        except (TypeError, ValueError):
-            return 0
-
-
-def _parse(data: bytes | None) -> Mapping[str, Any]:
-    try:
-        parsed = json.loads(data) if data else {}
-    except ValueError:  # a Curator or kazoo contender: its data is not ours
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+        return self.identity.retries
 
 
 def read_queue(
@@ -137,7 +123,7 @@ def read_queue(
             data, _ = wait_result(result, deadline, what)
         except NoNodeError:
             continue
-        found.append(Contender(contender.name, contender.seq, contender.kind, _parse(data)))
+        found.append(Contender(contender.name, contender.seq, contender.kind, parse_identity(data)))
     return found
 
 
@@ -176,32 +162,6 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
             wait_result(client.sync_async(node), Deadline(5.0), what)
             return wait_result(client.exists_async(node), Deadline(5.0), what) is None
         return True
-
-
-def identity(task: Any, request: Any = None) -> bytes:
-    """What a run stores in its contender node: who it is, as JSON (also for operators);
-    ``request`` is the run's (default ``task.request``)."""
-    request = task.request if request is None else request
-    # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run, with
-    # the parts a task and a worker process keep from run to run built once.
-    parts = (task.name, request.hostname)
-    middle_and_end = _identity_parts.get(parts)
-    if middle_and_end is None:
-        middle_and_end = _identity_parts[parts] = (
-            f',"task":{_json(task.name)},"retries":',
-            f',"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}',
-        )
-    middle, end = middle_and_end
-    return f'{{"task_id":{_json(request.id)}{middle}{int(request.retries or 0)}{end}'.encode()
-
-
-_identity_parts: dict[tuple[Any, Any], tuple[str, str]] = {}
-# A forked child is another process: its identity names its own pid.
-os.register_at_fork(after_in_child=_identity_parts.clear)
-
-
-def _json(value: Any) -> str:
-    return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
 
 
 class DuplicateDelivery(Ignore):  # type: ignore[misc]

@@ -3,7 +3,7 @@
 A task's lock is the znode ``<root>/<lock_name>/<key>`` (:func:`lock_path`, the same
 computation a run makes); its children are the contender nodes, in Apache Curator's layout
 (:mod:`celery_zklock.locks.contenders` parses their names and decides who holds). Every node a
-``ZkLockTask`` run creates stores the run's identity as JSON (:func:`celery_zklock.delivery.
+``ZkLockTask`` run creates stores the run's identity as JSON (:mod:`celery_zklock.locks.
 identity`: task id, task name, retries, worker, pid); the node's ``czxid`` is the run's fencing
 token and its ``ctime`` when it entered the queue.
 
@@ -13,7 +13,7 @@ token and its ``ctime`` when it entered the queue.
 - :func:`lock_path`, :func:`lock_holders`, :func:`lock_holder`: what ``task.lock_path(...)``
   and ``task.lock_holder(...)`` answer.
 - :func:`request_break`: write a break request into a holder's node (``celery zklock break``);
-  the format and what the holder does with it: :mod:`celery_zklock.locks.lease`.
+  the format and what the holder does with it: :mod:`celery_zklock.locks.identity`.
 
 Times: ``created`` is the server's clock, ages are measured with this host's clock (a skew
 between the two shows in ``held_for``). A holder's ``held_for`` counts from its node's creation,
@@ -34,7 +34,12 @@ from kazoo.protocol.states import ZnodeStat
 from celery_zklock.config import settings_of
 from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
-from celery_zklock.locks.lease import break_request, node_object, with_break_request
+from celery_zklock.locks.identity import (
+    Identity,
+    break_request,
+    parse_identity,
+    with_break_request,
+)
 from celery_zklock.options import TaskLockSpec
 from celery_zklock.session import get_client
 
@@ -43,14 +48,12 @@ __all__ = [
     "BreakOutcome",
     "Entry",
     "Holder",
-    "Identity",
     "LockState",
     "Mode",
     "lock_holder",
     "lock_holders",
     "lock_path",
     "lock_state",
-    "parse_identity",
     "read_lock",
     "read_locks",
     "request_break",
@@ -67,49 +70,6 @@ _MODE_OF_KIND: Final[dict[Kind, Mode]] = {
     "read": "shared",
     "lease": "semaphore",
 }
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a contender node belongs to, from its data.
-
-    ``ours`` is False for data that is not a JSON object (a Curator contender stores its IP
-    address): such a holder is named by its node only, and cannot hear a break request.
-    ``broken`` is the break request written into the node, if any (``by``, ``at``, ``reason``).
-    """
-
-    task_id: str | None = None
-    task: str | None = None
-    worker: str | None = None
-    pid: int | None = None
-    retries: int = 0
-    broken: Mapping[str, Any] | None = None
-    ours: bool = True
-
-
-def parse_identity(data: bytes | None) -> Identity:
-    """The :class:`Identity` stored in a contender node's data (fields that are missing or of
-    the wrong type are None)."""
-    found = node_object(data)
-    if found is None:
-        return Identity(ours=False)
-
-    def text(key: str) -> str | None:
-        value = found.get(key)
-        return value if isinstance(value, str) else None
-
-    def integer(key: str) -> int | None:
-        value = found.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return Identity(
-        task_id=text("task_id"),
-        task=text("task"),
-        worker=text("worker"),
-        pid=integer("pid"),
-        retries=integer("retries") or 0,
-        broken=break_request(data),
-    )
 
 
 @dataclass(frozen=True)
