@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 from celery import states
@@ -52,8 +52,8 @@ from kazoo.exceptions import NoNodeError
 
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
-from celery_zklock.locks.contenders import queue_of
-from celery_zklock.locks.identity import Identity, parse_identity
+from celery_zklock.locks.contenders import Contender, queue_of
+from celery_zklock.locks.identity import parse_identity
 
 logger = logging.getLogger("celery_zklock")
 
@@ -78,24 +78,6 @@ def dead_holder_bound(side: Any) -> float:
     client's handshake.
     """
     return float(side.dead_holder_bound)
-
-
-@dataclass(frozen=True)
-class Contender:
-    """A contender node of the lock: its name, place and the identity stored in it."""
-
-    name: str
-    seq: int
-    kind: str
-    identity: Identity = field(default_factory=Identity)
-
-    @property
-    def task_id(self) -> str | None:
-        return self.identity.task_id
-
-    @property
-    def retries(self) -> int:
-        return self.identity.retries
 
 
 def read_queue(
@@ -123,7 +105,7 @@ def read_queue(
             data, _ = wait_result(result, deadline, what)
         except NoNodeError:
             continue
-        found.append(Contender(contender.name, contender.seq, contender.kind, parse_identity(data)))
+        found.append(replace(contender, identity=parse_identity(data)))
     return found
 
 

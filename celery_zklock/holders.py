@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from kazoo.client import KazooClient
@@ -33,7 +33,14 @@ from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.config import settings_of
 from celery_zklock.locks.calls import Deadline, wait_result
-from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
+from celery_zklock.locks.contenders import (
+    PROTECTED_PREFIX,
+    Contender,
+    Kind,
+    decide,
+    parse_limit,
+    queue_of,
+)
 from celery_zklock.locks.identity import (
     Identity,
     break_request,
@@ -91,24 +98,22 @@ class Holder:
     node: str
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One contender node of a lock, as read: its place, grant, token, age and identity.
+@dataclass(frozen=True, kw_only=True)
+class Entry(Contender):
+    """One contender node of a lock, as read: the contender record (place, kind, identity) with
+    its grant, token and age.
 
     ``kind`` is the access it asks for: ``write`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes),
     ``read`` (``__READ__``), or ``lease`` (a node of a semaphore: named like a mutex's, told
     apart by the limit stored in the lock's node).
     """
 
-    name: str
-    seq: int
-    kind: Kind
+    identity: Identity = field(compare=False)
     holds: bool
     token: int
     created: float
     """Unix time (seconds) the node was created, by the server's clock."""
     session: int
-    identity: Identity
 
     @property
     def mode(self) -> Mode:
