@@ -48,12 +48,12 @@ from typing import Any
 from celery import states
 from celery.exceptions import Ignore
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
-from celery_zklock.locks.contenders import Contender, queue_of
+from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.identity import parse_identity
+from celery_zklock.locks.queue import read_queues
 
 logger = logging.getLogger("celery_zklock")
 
@@ -85,28 +85,18 @@ def read_queue(
 ) -> list[Contender]:
     """The contender nodes of the lock at ``path``, in queue order, with their identities.
 
-    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Reads are
-    pipelined; a node that goes meanwhile is left out. Raises ZooKeeperUnavailable when
-    ZooKeeper does not answer within ``timeout`` seconds.
+    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Read with
+    :func:`celery_zklock.locks.queue.read_queues`; a node that goes meanwhile is left out.
+    Raises ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds.
     """
-    deadline = Deadline(timeout)
-    what = f"reading the queue of {path}"
-    try:
-        queue = queue_of(wait_result(client.get_children_async(path), deadline, what))
-    except NoNodeError:
-        return []
-    if before is not None:
+
+    def ahead(queue: list[Contender]) -> list[Contender]:
         ours = next((c.seq for c in queue if c.name == before), None)
-        queue = [c for c in queue if ours is not None and c.seq < ours]
-    pending = [(c, client.get_async(f"{path}/{c.name}")) for c in queue]
-    found: list[Contender] = []
-    for contender, result in pending:
-        try:
-            data, _ = wait_result(result, deadline, what)
-        except NoNodeError:
-            continue
-        found.append(replace(contender, identity=parse_identity(data)))
-    return found
+        return [c for c in queue if ours is not None and c.seq < ours]
+
+    pick = None if before is None else ahead
+    [(_, nodes)] = read_queues(client, [path], Deadline(timeout), pick)
+    return [replace(contender, identity=parse_identity(data)) for contender, data, _ in nodes]
 
 
 def first_of_task(queue: Sequence[Contender], task_id: str | None) -> Contender | None:

@@ -47,6 +47,7 @@ from celery_zklock.locks.identity import (
     parse_identity,
     with_break_request,
 )
+from celery_zklock.locks.queue import pipelined, read_queues
 from celery_zklock.options import TaskLockSpec
 from celery_zklock.session import get_client
 
@@ -68,8 +69,6 @@ __all__ = [
 
 READ_TIMEOUT: Final = 10.0
 """Seconds ZooKeeper may take to answer one reading of the locks (else ZooKeeperUnavailable)."""
-PIPELINE: Final = 500
-"""Requests sent back to back before their answers are awaited, when reading many locks."""
 
 Mode = Literal["exclusive", "shared", "semaphore"]
 _MODE_OF_KIND: Final[dict[Kind, Mode]] = {
@@ -215,45 +214,11 @@ def lock_state(
 # -- reading ZooKeeper -------------------------------------------------------------------------
 
 
-def _answers(
-    client: KazooClient, requests: Sequence[tuple[str, str]], deadline: Deadline
-) -> list[Any]:
-    """Answers to ``(operation, path)`` requests (``children`` or ``get``), sent pipelined;
-    None for a path that does not exist (any more)."""
-    answers: list[Any] = []
-    for start in range(0, len(requests), PIPELINE):
-        batch = requests[start : start + PIPELINE]
-        pending = [
-            client.get_children_async(path) if op == "children" else client.get_async(path)
-            for op, path in batch
-        ]
-        for (_, path), result in zip(batch, pending, strict=True):
-            try:
-                answers.append(wait_result(result, deadline, f"reading {path}"))
-            except NoNodeError:
-                answers.append(None)
-    return answers
-
-
 def _read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) -> list[LockState]:
-    requests = [(op, p) for p in paths for op in ("children", "get")]
-    answers = _answers(client, requests, deadline)
-    listings, own = answers[0::2], answers[1::2]
-    wanted = [
-        (path, child)
-        for path, children in zip(paths, listings, strict=True)
-        for child in sorted(children or ())
-        if queue_of([child])
-    ]
-    read = _answers(client, [("get", f"{p}/{c}") for p, c in wanted], deadline)
-    nodes: dict[str, list[tuple[str, bytes | None, ZnodeStat]]] = {p: [] for p in paths}
-    for (path, child), answer in zip(wanted, read, strict=True):
-        if answer is not None:
-            data, stat = answer
-            nodes[path].append((child, data, stat))
+    read = read_queues(client, paths, deadline, parent_data=True)
     return [
-        lock_state(path, nodes[path], answer[0] if answer is not None else None)
-        for path, answer in zip(paths, own, strict=True)
+        lock_state(path, [(c.name, data, stat) for c, data, stat in nodes], own)
+        for path, (own, nodes) in zip(paths, read, strict=True)
     ]
 
 
@@ -277,10 +242,10 @@ def read_locks(
     does not answer within ``timeout`` seconds."""
     deadline = Deadline(timeout)
     if names is None:
-        listed = _answers(client, [("children", root)], deadline)[0] or []
+        listed = pipelined(client, [("children", root)], deadline)[0] or []
         names = sorted(listed)
     parents = [f"{root}/{name}" for name in names]
-    keys = _answers(client, [("children", p) for p in parents], deadline)
+    keys = pipelined(client, [("children", p) for p in parents], deadline)
     paths = [
         f"{parent}/{key}"
         for parent, found in zip(parents, keys, strict=True)
