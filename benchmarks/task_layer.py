@@ -53,8 +53,8 @@ from benchmarks.common import (
 )
 from celery_zklock import Mutex, ZkLockTask
 from celery_zklock.config import settings_of
-from celery_zklock.delivery import identity
 from celery_zklock.locks.contenders import WRITE
+from celery_zklock.locks.identity import identity
 from celery_zklock.session import close_clients, get_client
 from celery_zklock.testing import ZooKeeperServer
 

@@ -18,9 +18,9 @@ from typing import Any, Final
 from celery.signals import task_postrun, task_prerun
 from kazoo.client import KazooClient
 
-from celery_zklock import delivery
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks import Mutex
+from celery_zklock.locks.identity import identity
 from celery_zklock.options import TaskLockSpec
 from celery_zklock.run import LockedRun
 from celery_zklock.session import get_client
@@ -57,7 +57,7 @@ class SentAhead:
             # recorded before the send, so that whatever cuts it short still finds its node
             side = self.side = run.side_for(client)
             self.client = client
-            return side._send_ahead(delivery.identity(run.task, run.request))
+            return side._send_ahead(identity(run.task, run.request))
         except STOPPING as exc:
             self.stopped = exc
             return False

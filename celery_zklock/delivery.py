@@ -39,24 +39,21 @@ lock busy, or a shared run, pays it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from celery import states
 from celery.exceptions import Ignore
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from celery_zklock.interrupt import STOPPING
 from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
-from celery_zklock.locks.contenders import queue_of
+from celery_zklock.locks.contenders import Contender
+from celery_zklock.locks.identity import parse_identity
+from celery_zklock.locks.queue import read_queues
 
 logger = logging.getLogger("celery_zklock")
 
@@ -83,62 +80,23 @@ def dead_holder_bound(side: Any) -> float:
     return float(side.dead_holder_bound)
 
 
-@dataclass(frozen=True)
-class Contender:
-    """A contender node of the lock: its name, place and the identity stored in it."""
-
-    name: str
-    seq: int
-    kind: str
-    identity: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def task_id(self) -> Any:
-        return self.identity.get("task_id")
-
-    @property
-    def retries(self) -> int:
-        try:
-            return int(self.identity.get("retries") or 0)
-        except (TypeError, ValueError):
-            return 0
-
-
-def _parse(data: bytes | None) -> Mapping[str, Any]:
-    try:
-        parsed = json.loads(data) if data else {}
-    except ValueError:  # a Curator or kazoo contender: its data is not ours
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
 def read_queue(
     client: KazooClient, path: str, timeout: float, *, before: str | None = None
 ) -> list[Contender]:
     """The contender nodes of the lock at ``path``, in queue order, with their identities.
 
-    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Reads are
-    pipelined; a node that goes meanwhile is left out. Raises ZooKeeperUnavailable when
-    ZooKeeper does not answer within ``timeout`` seconds.
+    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Read with
+    :func:`celery_zklock.locks.queue.read_queues`; a node that goes meanwhile is left out.
+    Raises ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds.
     """
-    deadline = Deadline(timeout)
-    what = f"reading the queue of {path}"
-    try:
-        queue = queue_of(wait_result(client.get_children_async(path), deadline, what))
-    except NoNodeError:
-        return []
-    if before is not None:
+
+    def ahead(queue: list[Contender]) -> list[Contender]:
         ours = next((c.seq for c in queue if c.name == before), None)
-        queue = [c for c in queue if ours is not None and c.seq < ours]
-    pending = [(c, client.get_async(f"{path}/{c.name}")) for c in queue]
-    found: list[Contender] = []
-    for contender, result in pending:
-        try:
-            data, _ = wait_result(result, deadline, what)
-        except NoNodeError:
-            continue
-        found.append(Contender(contender.name, contender.seq, contender.kind, _parse(data)))
-    return found
+        return [c for c in queue if ours is not None and c.seq < ours]
+
+    pick = None if before is None else ahead
+    [(_, nodes)] = read_queues(client, [path], Deadline(timeout), pick)
+    return [replace(contender, identity=parse_identity(data)) for contender, data, _ in nodes]
 
 
 def first_of_task(queue: Sequence[Contender], task_id: str | None) -> Contender | None:
@@ -176,32 +134,6 @@ def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:
             wait_result(client.sync_async(node), Deadline(5.0), what)
             return wait_result(client.exists_async(node), Deadline(5.0), what) is None
         return True
-
-
-def identity(task: Any, request: Any = None) -> bytes:
-    """What a run stores in its contender node: who it is, as JSON (also for operators);
-    ``request`` is the run's (default ``task.request``)."""
-    request = task.request if request is None else request
-    # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run, with
-    # the parts a task and a worker process keep from run to run built once.
-    parts = (task.name, request.hostname)
-    middle_and_end = _identity_parts.get(parts)
-    if middle_and_end is None:
-        middle_and_end = _identity_parts[parts] = (
-            f',"task":{_json(task.name)},"retries":',
-            f',"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}',
-        )
-    middle, end = middle_and_end
-    return f'{{"task_id":{_json(request.id)}{middle}{int(request.retries or 0)}{end}'.encode()
-
-
-_identity_parts: dict[tuple[Any, Any], tuple[str, str]] = {}
-# A forked child is another process: its identity names its own pid.
-os.register_at_fork(after_in_child=_identity_parts.clear)
-
-
-def _json(value: Any) -> str:
-    return encode_basestring_ascii(value) if isinstance(value, str) else json.dumps(value)
 
 
 class DuplicateDelivery(Ignore):  # type: ignore[misc]

@@ -3,7 +3,7 @@
 A task's lock is the znode ``<root>/<lock_name>/<key>`` (:func:`lock_path`, the same
 computation a run makes); its children are the contender nodes, in Apache Curator's layout
 (:mod:`celery_zklock.locks.contenders` parses their names and decides who holds). Every node a
-``ZkLockTask`` run creates stores the run's identity as JSON (:func:`celery_zklock.delivery.
+``ZkLockTask`` run creates stores the run's identity as JSON (:mod:`celery_zklock.locks.
 identity`: task id, task name, retries, worker, pid); the node's ``czxid`` is the run's fencing
 token and its ``ctime`` when it entered the queue.
 
@@ -13,7 +13,7 @@ token and its ``ctime`` when it entered the queue.
 - :func:`lock_path`, :func:`lock_holders`, :func:`lock_holder`: what ``task.lock_path(...)``
   and ``task.lock_holder(...)`` answer.
 - :func:`request_break`: write a break request into a holder's node (``celery zklock break``);
-  the format and what the holder does with it: :mod:`celery_zklock.locks.lease`.
+  the format and what the holder does with it: :mod:`celery_zklock.locks.identity`.
 
 Times: ``created`` is the server's clock, ages are measured with this host's clock (a skew
 between the two shows in ``held_for``). A holder's ``held_for`` counts from its node's creation,
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from kazoo.client import KazooClient
@@ -33,8 +33,21 @@ from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.config import settings_of
 from celery_zklock.locks.calls import Deadline, wait_result
-from celery_zklock.locks.contenders import PROTECTED_PREFIX, Kind, decide, parse_limit, queue_of
-from celery_zklock.locks.lease import break_request, node_object, with_break_request
+from celery_zklock.locks.contenders import (
+    PROTECTED_PREFIX,
+    Contender,
+    Kind,
+    decide,
+    parse_limit,
+    queue_of,
+)
+from celery_zklock.locks.identity import (
+    Identity,
+    break_request,
+    parse_identity,
+    with_break_request,
+)
+from celery_zklock.locks.queue import pipelined, read_queues
 from celery_zklock.options import TaskLockSpec
 from celery_zklock.session import get_client
 
@@ -43,14 +56,12 @@ __all__ = [
     "BreakOutcome",
     "Entry",
     "Holder",
-    "Identity",
     "LockState",
     "Mode",
     "lock_holder",
     "lock_holders",
     "lock_path",
     "lock_state",
-    "parse_identity",
     "read_lock",
     "read_locks",
     "request_break",
@@ -58,8 +69,6 @@ __all__ = [
 
 READ_TIMEOUT: Final = 10.0
 """Seconds ZooKeeper may take to answer one reading of the locks (else ZooKeeperUnavailable)."""
-PIPELINE: Final = 500
-"""Requests sent back to back before their answers are awaited, when reading many locks."""
 
 Mode = Literal["exclusive", "shared", "semaphore"]
 _MODE_OF_KIND: Final[dict[Kind, Mode]] = {
@@ -67,49 +76,6 @@ _MODE_OF_KIND: Final[dict[Kind, Mode]] = {
     "read": "shared",
     "lease": "semaphore",
 }
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a contender node belongs to, from its data.
-
-    ``ours`` is False for data that is not a JSON object (a Curator contender stores its IP
-    address): such a holder is named by its node only, and cannot hear a break request.
-    ``broken`` is the break request written into the node, if any (``by``, ``at``, ``reason``).
-    """
-
-    task_id: str | None = None
-    task: str | None = None
-    worker: str | None = None
-    pid: int | None = None
-    retries: int = 0
-    broken: Mapping[str, Any] | None = None
-    ours: bool = True
-
-
-def parse_identity(data: bytes | None) -> Identity:
-    """The :class:`Identity` stored in a contender node's data (fields that are missing or of
-    the wrong type are None)."""
-    found = node_object(data)
-    if found is None:
-        return Identity(ours=False)
-
-    def text(key: str) -> str | None:
-        value = found.get(key)
-        return value if isinstance(value, str) else None
-
-    def integer(key: str) -> int | None:
-        value = found.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return Identity(
-        task_id=text("task_id"),
-        task=text("task"),
-        worker=text("worker"),
-        pid=integer("pid"),
-        retries=integer("retries") or 0,
-        broken=break_request(data),
-    )
 
 
 @dataclass(frozen=True)
@@ -131,24 +97,22 @@ class Holder:
     node: str
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One contender node of a lock, as read: its place, grant, token, age and identity.
+@dataclass(frozen=True, kw_only=True)
+class Entry(Contender):
+    """One contender node of a lock, as read: the contender record (place, kind, identity) with
+    its grant, token and age.
 
     ``kind`` is the access it asks for: ``write`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes),
     ``read`` (``__READ__``), or ``lease`` (a node of a semaphore: named like a mutex's, told
     apart by the limit stored in the lock's node).
     """
 
-    name: str
-    seq: int
-    kind: Kind
+    identity: Identity = field(compare=False)
     holds: bool
     token: int
     created: float
     """Unix time (seconds) the node was created, by the server's clock."""
     session: int
-    identity: Identity
 
     @property
     def mode(self) -> Mode:
@@ -250,45 +214,11 @@ def lock_state(
 # -- reading ZooKeeper -------------------------------------------------------------------------
 
 
-def _answers(
-    client: KazooClient, requests: Sequence[tuple[str, str]], deadline: Deadline
-) -> list[Any]:
-    """Answers to ``(operation, path)`` requests (``children`` or ``get``), sent pipelined;
-    None for a path that does not exist (any more)."""
-    answers: list[Any] = []
-    for start in range(0, len(requests), PIPELINE):
-        batch = requests[start : start + PIPELINE]
-        pending = [
-            client.get_children_async(path) if op == "children" else client.get_async(path)
-            for op, path in batch
-        ]
-        for (_, path), result in zip(batch, pending, strict=True):
-            try:
-                answers.append(wait_result(result, deadline, f"reading {path}"))
-            except NoNodeError:
-                answers.append(None)
-    return answers
-
-
 def _read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) -> list[LockState]:
-    requests = [(op, p) for p in paths for op in ("children", "get")]
-    answers = _answers(client, requests, deadline)
-    listings, own = answers[0::2], answers[1::2]
-    wanted = [
-        (path, child)
-        for path, children in zip(paths, listings, strict=True)
-        for child in sorted(children or ())
-        if queue_of([child])
-    ]
-    read = _answers(client, [("get", f"{p}/{c}") for p, c in wanted], deadline)
-    nodes: dict[str, list[tuple[str, bytes | None, ZnodeStat]]] = {p: [] for p in paths}
-    for (path, child), answer in zip(wanted, read, strict=True):
-        if answer is not None:
-            data, stat = answer
-            nodes[path].append((child, data, stat))
+    read = read_queues(client, paths, deadline, parent_data=True)
     return [
-        lock_state(path, nodes[path], answer[0] if answer is not None else None)
-        for path, answer in zip(paths, own, strict=True)
+        lock_state(path, [(c.name, data, stat) for c, data, stat in nodes], own)
+        for path, (own, nodes) in zip(paths, read, strict=True)
     ]
 
 
@@ -312,10 +242,10 @@ def read_locks(
     does not answer within ``timeout`` seconds."""
     deadline = Deadline(timeout)
     if names is None:
-        listed = _answers(client, [("children", root)], deadline)[0] or []
+        listed = pipelined(client, [("children", root)], deadline)[0] or []
         names = sorted(listed)
     parents = [f"{root}/{name}" for name in names]
-    keys = _answers(client, [("children", p) for p in parents], deadline)
+    keys = pipelined(client, [("children", p) for p in parents], deadline)
     paths = [
         f"{parent}/{key}"
         for parent, found in zip(parents, keys, strict=True)

@@ -42,6 +42,7 @@ from celery_zklock.events import emit
 from celery_zklock.interrupt import STOPPING, Interruption, arm
 from celery_zklock.locks import Lease, Mutex, Semaphore
 from celery_zklock.locks.contenders import READ, WRITE
+from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.options import LockOptions, TaskLockSpec, request_overrides
 from celery_zklock.policy import Situation, decide, skip_result
 from celery_zklock.session import get_client
@@ -212,7 +213,7 @@ class LockedRun:
     def _acquire_by_policy(self, client: KazooClient, side: Mutex) -> Any:
         task, path = self.task, self.path
         request = self.request
-        identity = delivery.identity(task, request)
+        identity = node_identity(task, request)
         retries = request.retries or 0
         # A message handed out again may be a copy of a run that already finished.
         settled = not (request.delivery_info or {}).get("redelivered")

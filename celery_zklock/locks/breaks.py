@@ -3,7 +3,7 @@
 A lease held for a renewal interval ``R`` gets its node read once, with a data watch, at the
 lease clock's next tick (:meth:`BreakWatches.watch_due`); a lease released within ``R`` costs no
 request for this. A break request in the node's data (written before or after the watch was
-set; see :func:`~celery_zklock.locks.lease.break_reason`) ends the lease with
+set; see :func:`~celery_zklock.locks.identity.break_reason`) ends the lease with
 :attr:`~celery_zklock.errors.LossCode.BROKEN`, and the node's deletion by anyone else
 (``celery zklock break --force``) with :attr:`~celery_zklock.errors.LossCode.NODE_DELETED`.
 
@@ -27,7 +27,8 @@ from kazoo.protocol.states import EventType, WatchedEvent
 
 from celery_zklock.errors import LossCode
 from celery_zklock.locks import adapter
-from celery_zklock.locks.lease import Hold, break_reason
+from celery_zklock.locks.identity import break_reason
+from celery_zklock.locks.lease import Hold
 
 logger = logging.getLogger("celery_zklock.locks")
 

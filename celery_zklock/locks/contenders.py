@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.locks.identity import Identity
 
 Kind = Literal["read", "write", "lease"]
 """The access a contender asks for: ``write`` excludes everyone, ``read`` excludes writers only,
@@ -106,11 +107,24 @@ def protected_prefix(uuid: str) -> str:
 
 @dataclass(frozen=True, order=True)
 class Contender:
-    """One contender node: its sequence number, name and the kind of access it asks for."""
+    """One contender node: its sequence number, name and the kind of access it asks for, and,
+    once its data was read, the :class:`~celery_zklock.locks.identity.Identity` stored in it
+    (None until then; not part of comparisons, the queue order is by sequence)."""
 
     seq: int
     name: str
     kind: Kind
+    identity: Identity | None = field(default=None, compare=False)
+
+    @property
+    def task_id(self) -> str | None:
+        """The task id of the run that made the node (None if unread or not a run's node)."""
+        return None if self.identity is None else self.identity.task_id
+
+    @property
+    def retries(self) -> int:
+        """The retries of the run that made the node (0 if unread or not a run's node)."""
+        return 0 if self.identity is None else self.identity.retries
 
 
 def parse_child(name: str) -> Contender | None:

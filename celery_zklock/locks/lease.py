@@ -1,22 +1,16 @@
 """A granted lock: :class:`Lease`, the user's handle, over :class:`Hold`, the record of our node.
 
-Also the format of a **break request** (:func:`with_break_request`, :func:`break_reason`): an
-operator asks a stuck holder to let go by writing ``{"broken": {"by", "at", "reason"}}`` into the
-holder's own node data, merged into the JSON object already there (a task run's identity). The
-holder's lease clock reads its node once the lease has been held for a renewal interval, with a
-data watch, and counts a break request it finds as the loss of the lease
-(:mod:`celery_zklock.locks.breaks`); the holder's release then deletes the node, so the lock is
-granted to the next contender only after the holder was told.
+A lease is also lost when an operator breaks it: the format of a break request is in
+:mod:`celery_zklock.locks.identity`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Protocol
 
 from celery_zklock.errors import LockLost, LossCode
 from celery_zklock.locks.contenders import Kind
@@ -32,55 +26,6 @@ class Clock(Protocol):
 
     def expire_if_due(self) -> None:
         """Declare the clock's leases lost now if it ran out."""
-
-
-#: The key of a break request in a node's JSON data.
-BREAK_FIELD: Final = "broken"
-
-
-def node_object(data: bytes | None) -> dict[str, Any] | None:
-    """A contender node's data as a JSON object (``{}`` for no data); None if it is something
-    else (a Curator contender stores its IP address): such a holder cannot be asked to break."""
-    if not data:
-        return {}
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def break_request(data: bytes | None) -> Mapping[str, Any] | None:
-    """The break request written into a node's data (``by``, ``at``, ``reason``), or None."""
-    found = (node_object(data) or {}).get(BREAK_FIELD)
-    return found if isinstance(found, Mapping) else None
-
-
-def break_reason(data: bytes | None) -> str | None:
-    """The reason a holder whose node holds ``data`` counts its lease lost, or None if the data
-    carries no break request: ``broken by operator <by>`` and the operator's reason, if any."""
-    request = break_request(data)
-    if request is None:
-        return None
-    reason = f"broken by operator {request.get('by') or 'unknown'}"
-    detail = request.get("reason")
-    return f"{reason}: {detail}" if detail else reason
-
-
-def with_break_request(data: bytes | None, by: str, at: float, reason: str | None) -> bytes:
-    """``data`` with a break request added (what ``celery zklock break`` writes).
-
-    ``by`` names the operator (``user@host``), ``at`` is a Unix time, ``reason`` is optional.
-    The rest of the JSON object (the run's identity) is kept, so readers of the queue still
-    know whose node it is. Raises ValueError if ``data`` is not a JSON object or empty.
-    """
-    existing = node_object(data)
-    if existing is None:
-        raise ValueError("the node's data is not a JSON object: not a celery-zklock holder")
-    request: dict[str, Any] = {"by": by, "at": at}
-    if reason:
-        request["reason"] = reason
-    return json.dumps({**existing, BREAK_FIELD: request}, separators=(",", ":")).encode()
 
 
 class Hold:
@@ -177,8 +122,9 @@ class Lease:
     (:mod:`celery_zklock.locks.clock`) can no longer prove that the ZooKeeper leader keeps the
     session behind its node alive, a margin *before* the leader could expire that session and
     grant the lock to someone else; and when an operator breaks it (a break request in the
-    node's data, see the module docstring), which the holder learns once the lease has been held
-    for a renewal interval. Use :meth:`check` at safe points and :meth:`on_lost` to be told.
+    node's data, see :mod:`celery_zklock.locks.identity`), which the holder learns once the
+    lease has been held for a renewal interval. Use :meth:`check` at safe points and
+    :meth:`on_lost` to be told.
 
     Used as a context manager the lease is released on exit; if it was lost while the block ran
     and no other exception is propagating, ``__exit__`` raises :class:`LockLost`, because the

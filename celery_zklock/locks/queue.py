@@ -44,10 +44,10 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kazoo.exceptions import (
     BadVersionError,
@@ -59,12 +59,13 @@ from kazoo.exceptions import (
     NoNodeError,
     SessionExpiredError,
 )
-from kazoo.protocol.states import EventType, KazooState, WatchedEvent
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
 from celery_zklock.locks.calls import Deadline, synced_children, wait_result, wait_slice
 from celery_zklock.locks.contenders import (
+    Contender,
     LockKind,
     decide,
     first_blocker,
@@ -530,18 +531,13 @@ class ContenderQueue:
     # -- reporting -------------------------------------------------------------------------
     def blocker_data(self, timeout: float) -> bytes | None:
         """Data of the contender a new acquire of this kind would wait for first, if any."""
-        io = Deadline(timeout)
-        try:
-            queue = queue_of(wait_result(self.client.get_children_async(self.path), io, "listing"))
-            blocker = first_blocker(queue, self.lock_kind)
-            if blocker is None:
-                return None
-            data, _ = wait_result(
-                self.client.get_async(f"{self.path}/{blocker.name}"), io, "reading"
-            )
-            return bytes(data)
-        except NoNodeError:
-            return None
+
+        def blocker(queue: list[Contender]) -> list[Contender]:
+            found = first_blocker(queue, self.lock_kind)
+            return [] if found is None else [found]
+
+        [(_, nodes)] = read_queues(self.client, [self.path], Deadline(timeout), blocker)
+        return bytes(nodes[0][1]) if nodes else None
 
     def participant_nodes(self) -> list[str]:
         """Names of the current contenders on this lock path, in grant order."""
@@ -550,6 +546,68 @@ class ContenderQueue:
         except NoNodeError:
             return []
         return [c.name for c in queue_of(children)]
+
+
+#: Requests sent back to back before their answers are awaited, when reading many nodes.
+PIPELINE: Final = 500
+QueueNode = tuple[Contender, bytes, ZnodeStat]
+"""A contender as read: its record (identity not parsed), its data and its stat."""
+_SEND: Final = {"sync": "sync_async", "children": "get_children_async", "get": "get_async"}
+
+
+def pipelined(client: Any, requests: Sequence[tuple[str, str]], io: Deadline) -> list[Any]:
+    """Answers to ``(operation, path)`` requests (``sync``, ``children`` or ``get``), sent back
+    to back in batches of :data:`PIPELINE`; None for a path that does not exist (any more).
+    Raises ZooKeeperUnavailable past ``io``."""
+    answers: list[Any] = []
+    for start in range(0, len(requests), PIPELINE):
+        batch = requests[start : start + PIPELINE]
+        pending = [getattr(client, _SEND[op])(path) for op, path in batch]
+        for (_, path), result in zip(batch, pending, strict=True):
+            try:
+                answers.append(wait_result(result, io, f"reading {path}"))
+            except NoNodeError:
+                answers.append(None)
+    return answers
+
+
+def read_queues(
+    client: Any,
+    paths: Sequence[str],
+    io: Deadline,
+    pick: Callable[[list[Contender]], Iterable[Contender]] | None = None,
+    *,
+    parent_data: bool = False,
+) -> list[tuple[bytes | None, list[QueueNode]]]:
+    """The contender queues of the locks at ``paths``, as the leader had them when we asked:
+    for each path, its own data (with ``parent_data``, else None; None too when the lock node
+    does not exist) and its contenders in queue order, each with its data and stat.
+
+    The one reader of queues for reports (the blocker a busy run names, duplicate delivery,
+    ``lock_holder`` and the ``celery zklock`` commands): a ``sync`` and the listings are sent
+    back to back, then ``pick`` (default: every contender) chooses from each queue the nodes
+    whose data is read, all pipelined, so the whole read costs two round trips. A node that
+    goes meanwhile is left out. Raises ZooKeeperUnavailable past ``io``.
+    """
+    per_path = ("children", "get") if parent_data else ("children",)
+    synced = [("sync", paths[0])] if paths else []
+    requests = synced + [(op, path) for path in paths for op in per_path]
+    answers = pipelined(client, requests, io)[len(synced) :]
+    listings = answers[0 :: len(per_path)]
+    owns = answers[1::2] if parent_data else [None] * len(paths)
+    wanted = []
+    for path, children in zip(paths, listings, strict=True):
+        queue = queue_of(children or ())
+        wanted += [(path, contender) for contender in (queue if pick is None else pick(queue))]
+    read = pipelined(client, [("get", f"{path}/{c.name}") for path, c in wanted], io)
+    nodes: dict[str, list[QueueNode]] = {path: [] for path in paths}
+    for (path, contender), answer in zip(wanted, read, strict=True):
+        if answer is not None:
+            nodes[path].append((contender, answer[0], answer[1]))
+    return [
+        (own[0] if own is not None else None, nodes[path])
+        for path, own in zip(paths, owns, strict=True)
+    ]
 
 
 def remove_attempt(client: Any, parent: str, prefix: str, io: Deadline) -> list[str]:

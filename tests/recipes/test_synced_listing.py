@@ -17,9 +17,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
-from celery_zklock.locks.contenders import MUTEX
+from celery_zklock.locks.calls import Deadline
+from celery_zklock.locks.contenders import MUTEX, Contender
 from celery_zklock.locks.context import context_for
-from celery_zklock.locks.queue import ContenderQueue, OrphanPurge
+from celery_zklock.locks.queue import ContenderQueue, OrphanPurge, read_queues
 from tests.lockutil import wait_for
 
 PREFIX = "_c_0f2c9a3e-5b1d-4c7e-9a1f-3d2e4b5c6a7f-"
@@ -110,3 +111,44 @@ def test_the_orphan_purge_syncs_right_before_its_listing(spy: SpyClient, lock_ro
     wait_for(lambda: not purge.pending(), 10, "the purge to finish")
     assert spy.exists(node) is None
     assert _on(spy.calls, parent) == [("sync", parent), ("list", parent), ("delete", node)]
+
+
+def test_the_queue_reader_syncs_first_and_reads_the_picked_nodes_still_there(
+    spy: SpyClient, lock_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sync ahead of the listings; only the nodes ``pick`` chose are read, a node that went
+    between the listing and its read is left out, and a lock that does not exist reads empty."""
+    path, missing = f"{lock_root}/k", f"{lock_root}/none"
+    spy.ensure_path(path)
+    spy.set(path, b"max_leases=3")
+    nodes = [
+        spy.create(f"{path}/{PREFIX}lock-", f"n{i}".encode(), ephemeral=True, sequence=True)
+        for i in range(4)
+    ]
+    spy.create(f"{path}/not-a-contender", b"x")
+    spy.calls.clear()
+    original_get = spy.get_async
+
+    def recorded_get(node: str, watch: Any = None) -> Any:
+        spy.calls.append(("get", node))
+        return original_get(node, watch=watch)
+
+    monkeypatch.setattr(spy, "get_async", recorded_get)
+
+    def pick(queue: list[Contender]) -> list[Contender]:
+        if queue:
+            spy.delete(f"{path}/{queue[1].name}")  # goes after the listing, before its read
+        return queue[1:]
+
+    read = read_queues(spy, [path, missing], Deadline(10), pick, parent_data=True)
+    assert read[1] == (None, [])
+    own, found = read[0]
+    assert own == b"max_leases=3"
+    assert [(f"{path}/{c.name}", data) for c, data, _ in found] == [
+        (nodes[2], b"n2"),
+        (nodes[3], b"n3"),
+    ]
+    tokens = [stat.czxid for _, _, stat in found]
+    assert tokens == [spy.get(node)[1].czxid for node in nodes[2:]]
+    assert spy.calls[:2] == [("sync", path), ("list", path)]
+    assert ("get", nodes[0]) not in spy.calls and ("get", nodes[1]) in spy.calls

@@ -1,5 +1,5 @@
-"""The pure parts of `celery zklock`: node identities and break requests, who holds from the
-node names, the table and JSON of `locks`, and doctor's verdicts. No server."""
+"""The pure parts of `celery zklock`: who holds from the node names, the table and JSON of
+`locks`, and doctor's verdicts. No server (node identities: tests/unit/test_identity.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from celery_zklock.commands.render import (
     table,
 )
 from celery_zklock.config import CREATOR_ACL, ClientConfig
-from celery_zklock.holders import LockState, lock_state, parse_identity
-from celery_zklock.locks.lease import break_reason, break_request, with_break_request
+from celery_zklock.holders import LockState, lock_state
 
 NOW = 1_700_000_100.0
 IDENTITY = {"task_id": "t-1", "task": "app.sync", "retries": 2, "worker": "w1@h", "pid": 4242}
@@ -38,61 +37,6 @@ def node(name: str, token: int, data: object = None, created: float = NOW - 10) 
 
 def uuid(n: int) -> str:
     return f"_c_{n:08x}-0000-4000-8000-000000000000-"
-
-
-# -- identities and break requests ------------------------------------------------------------
-
-
-def test_identity_of_a_task_run_node() -> None:
-    identity = parse_identity(json.dumps(IDENTITY).encode())
-    assert (identity.task_id, identity.task, identity.worker, identity.pid) == (
-        "t-1", "app.sync", "w1@h", 4242,
-    )  # fmt: skip
-    assert identity.retries == 2 and identity.ours and identity.broken is None
-
-
-@pytest.mark.parametrize(
-    ("data", "ours"),
-    [(b"", True), (b"{}", True), (b"10.0.0.7", False), (b"[1, 2]", False), (b"\xff\xfe", False)],
-)
-def test_identity_of_nodes_that_are_not_a_run(data: bytes, ours: bool) -> None:
-    identity = parse_identity(data)
-    assert identity.ours is ours
-    assert (identity.task_id, identity.worker, identity.pid) == (None, None, None)
-
-
-def test_identity_fields_of_the_wrong_type_are_none() -> None:
-    identity = parse_identity(json.dumps({"task_id": 7, "pid": "12", "retries": True}).encode())
-    assert identity.task_id is None and identity.pid is None and identity.retries == 0
-
-
-def test_a_break_request_keeps_the_identity_and_names_the_operator() -> None:
-    marked = with_break_request(json.dumps(IDENTITY).encode(), "alice@ops", 1.5, "stuck on IO")
-    parsed = json.loads(marked)
-    assert {k: parsed[k] for k in IDENTITY} == IDENTITY
-    assert parsed["broken"] == {"by": "alice@ops", "at": 1.5, "reason": "stuck on IO"}
-    assert break_reason(marked) == "broken by operator alice@ops: stuck on IO"
-    identity = parse_identity(marked)
-    assert identity.task_id == "t-1" and identity.broken is not None
-    assert identity.broken["by"] == "alice@ops"
-
-
-def test_a_break_request_without_reason_and_into_empty_data() -> None:
-    marked = with_break_request(b"", "bob@h", 2.0, None)
-    assert json.loads(marked) == {"broken": {"by": "bob@h", "at": 2.0}}
-    assert break_reason(marked) == "broken by operator bob@h"
-
-
-@pytest.mark.parametrize(
-    "data", [b"", json.dumps(IDENTITY).encode(), b"10.0.0.7", b'{"broken": "yes"}', b"null"]
-)
-def test_data_without_a_break_request_gives_no_reason(data: bytes) -> None:
-    assert break_reason(data) is None and break_request(data) is None
-
-
-def test_a_curator_node_cannot_take_a_break_request() -> None:
-    with pytest.raises(ValueError, match="not a celery-zklock holder"):
-        with_break_request(b"10.0.0.7", "alice@ops", 1.0, None)
 
 
 # -- who holds, from the node names ------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -23,6 +24,7 @@ from celery_zklock.locks.contenders import (
     protected_prefix,
     queue_of,
 )
+from celery_zklock.locks.identity import parse_identity
 
 UUID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
@@ -290,3 +292,19 @@ def test_limit_agreement_claims_empty_agrees_on_equal_names_both_on_mismatch() -
     with pytest.raises(LimitMismatch, match="not a semaphore limit") as junk:
         limit_agreement(path, b"10.0.0.1", 3)
     assert junk.value.stored is None
+
+
+def test_a_contender_read_with_its_identity_keeps_its_place_and_equality() -> None:
+    """The identity read from a node rides on the one contender record without changing the
+    queue: equality, order and the decision see only sequence, name and kind."""
+    names = [f"_c_{UUID}-lock-{seq:010d}" for seq in (3, 1, 2)]
+    bare = queue_of(names)
+    read = [
+        replace(c, identity=parse_identity(b'{"task_id":"t-%d","retries":%d}' % (c.seq, c.seq)))
+        for c in bare
+    ]
+    assert read == bare and sorted(reversed(read)) == read
+    assert [(c.task_id, c.retries) for c in read] == [("t-1", 1), ("t-2", 2), ("t-3", 3)]
+    assert [(c.task_id, c.retries) for c in bare] == [(None, 0)] * 3
+    assert decide(read, names[0], "write") == decide(bare, names[0], "write")
+    assert hash(read[0]) == hash(bare[0])
