@@ -26,7 +26,9 @@ REPORT_LINE = re.compile(
 FAULT_LINE = re.compile(r"^fault (\w+) at [\d:]+: (NOT RUN: )?", re.MULTILINE)
 TIMES = 2
 
-pytestmark = pytest.mark.slow
+# xdist_group: one Docker test of a run at a time (tests/conftest.py): the image builds share
+# their tags and build this source tree in place (`pip wheel`).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
 
 @pytest.mark.timeout(1800)  # a fresh machine debootstraps the base and installs a JRE first

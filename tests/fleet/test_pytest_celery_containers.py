@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["celery_zklock.testing.containers"]
 
-pytestmark = pytest.mark.slow
+# xdist_group: one Docker test of a run at a time (tests/conftest.py): the image builds share
+# their tags and build this source tree in place (`pip wheel`).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
 HOLD_MS = 1000
 RESULT_TIMEOUT = 60.0
