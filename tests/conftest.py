@@ -2,26 +2,57 @@
 real `celery worker` subprocesses (tests.taskapp), and the order the suite runs in.
 
 `make test` runs the suite on pytest-xdist worker processes (``-n``, ``--dist loadgroup``).
-Each process starts its own ZooKeeper and Redis (the plugin's session fixtures); tests that
-share a machine-wide resource with another test of the run carry an ``xdist_group`` mark in
-their module and run one after the other on one process. The slowest tests are collected
-first (:data:`SLOWEST_FIRST`), so that the run does not end waiting on one long test that
-started last.
+Each process starts its own ZooKeeper and Redis (the plugin's session fixtures); the tests of
+a group in :data:`XDIST_GROUPS` run one after the other on one process. The slowest tests are
+collected first (:data:`SLOWEST_FIRST`), so that the run does not end waiting on one long test
+that started last.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
 
 pytest_plugins = ["celery_zklock.testing.plugin"]
 
+XDIST_GROUPS: dict[str, str] = {
+    # The Docker tests: their image builds share the images' tags and build this source tree in
+    # place (`pip wheel`), and the compose fleet alone loads the machine.
+    "tests/fleet/test_compose_fleet.py::": "docker",
+    "tests/fleet/test_pytest_celery_containers.py::": "docker",
+    # Its module-scoped `stack` (three workers, one in a network namespace) then starts once.
+    "tests/fleet/test_faults.py::": "faults",
+}
+"""Node id prefix -> group: with ``--dist loadgroup`` a group's tests run on one process, one
+after the other. A table here rather than ``xdist_group`` marks: pytest-xdist 3.8 marks a test's
+group by rewriting ``item._nodeid``, which pytest 9.2 no longer reads, so the marks do nothing.
+"""
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``, xdist's group scheduling with :data:`XDIST_GROUPS` as well."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class TableGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for prefix, group in XDIST_GROUPS.items():
+                if nodeid.startswith(prefix):
+                    return group
+            return str(super()._split_scope(nodeid))
+
+    return TableGroupScheduling(config, log)
+
+
 SLOWEST_FIRST: tuple[str, ...] = (
     "tests/fleet/test_loadtest.py::test_every_fault_three_times_over_an_ensemble",
-    "tests/fleet/test_compose_fleet.py::",  # xdist_group("docker"): with the two below
+    "tests/fleet/test_compose_fleet.py::",  # with the next, XDIST_GROUPS' "docker"
     "tests/fleet/test_pytest_celery_containers.py::",
     "tests/fleet/test_readme_example.py::",
     "tests/task/test_beat_leader.py::test_three_beats_send_each_due_time_once",

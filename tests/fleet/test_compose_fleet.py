@@ -26,9 +26,8 @@ REPORT_LINE = re.compile(
 FAULT_LINE = re.compile(r"^fault (\w+) at [\d:]+: (NOT RUN: )?", re.MULTILINE)
 TIMES = 2
 
-# xdist_group: one Docker test of a run at a time (tests/conftest.py): the image builds share
-# their tags and build this source tree in place (`pip wheel`).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
+# One Docker test of a run at a time: tests/conftest.py puts it in XDIST_GROUPS' "docker".
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(1800)  # a fresh machine debootstraps the base and installs a JRE first

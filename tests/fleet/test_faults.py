@@ -46,10 +46,6 @@ VISIBILITY_TIMEOUT = 10.0
 HOLD_MS = 6000
 """Long enough for a fault to land inside the section, shorter than the visibility timeout."""
 
-# xdist_group: the module-scoped `stack` (three workers, one in a network namespace) starts
-# once per run, on one process, instead of once on each process that runs one of these tests.
-pytestmark = pytest.mark.xdist_group("faults")
-
 NETNS_MISSING = unavailable_reason()
 BLACKHOLE_MISSING = blackhole_unavailable_reason()
 PARTITION_MISSING = partition_unavailable_reason()

@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["celery_zklock.testing.containers"]
 
-# xdist_group: one Docker test of a run at a time (tests/conftest.py): the image builds share
-# their tags and build this source tree in place (`pip wheel`).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docker")]
+# One Docker test of a run at a time: tests/conftest.py puts it in XDIST_GROUPS' "docker".
+pytestmark = pytest.mark.slow
 
 HOLD_MS = 1000
 RESULT_TIMEOUT = 60.0
