@@ -4,18 +4,29 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The suite runs on TEST_WORKERS pytest-xdist processes, each with its own ZooKeeper and Redis
+# (celery_zklock.testing.plugin). Most tests wait (session expiries, workers starting), so a
+# 2-core machine runs 4 well. --dist loadgroup keeps an xdist_group's tests on one process, one
+# after the other; --no-loadscope-reorder keeps tests/conftest.py's order (slowest first).
+# TEST_WORKERS=0 runs everything in pytest's own process, one test at a time.
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: test test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
+.PHONY: test test-fast test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
 
 test: system-deps $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The unit and recipes tiers: what a change to the lock recipes needs, within 2 minutes.
+test-fast: system-deps $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) tests/unit tests/recipes $(PYTEST_ARGS)
 
 # The tiers: unit (no server, seconds), recipes (ZooKeeper, Redis), task (celery workers), fleet.
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) tests/unit $(PYTEST_ARGS)
 
 test-recipes test-task test-fleet: system-deps $(STAMP)
-	$(BIN)/python -m pytest tests/$(@:test-%=%) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) tests/$(@:test-%=%) $(PYTEST_ARGS)
 
 demo: system-deps $(STAMP)
 	$(BIN)/python -m workers demo

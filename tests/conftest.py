@@ -1,15 +1,100 @@
-"""The stack fixtures (the library's opt-in pytest plugin), and those of the task tests that run
-real `celery worker` subprocesses (tests.taskapp)."""
+"""The stack fixtures (the library's opt-in pytest plugin), those of the task tests that run
+real `celery worker` subprocesses (tests.taskapp), and the order the suite runs in.
+
+`make test` runs the suite on pytest-xdist worker processes (``-n``, ``--dist loadgroup``).
+Each process starts its own ZooKeeper and Redis (the plugin's session fixtures); the tests of
+a group in :data:`XDIST_GROUPS` run one after the other on one process. The slowest tests are
+collected first (:data:`SLOWEST_FIRST`), so that the run does not end waiting on one long test
+that started last.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
 
 pytest_plugins = ["celery_zklock.testing.plugin"]
+
+XDIST_GROUPS: dict[str, str] = {
+    # The Docker tests: their image builds share the images' tags and build this source tree in
+    # place (`pip wheel`), and the compose fleet alone loads the machine.
+    "tests/fleet/test_compose_fleet.py::": "docker",
+    "tests/fleet/test_pytest_celery_containers.py::": "docker",
+    # Its module-scoped `stack` (three workers, one in a network namespace) then starts once.
+    "tests/fleet/test_faults.py::": "faults",
+}
+"""Node id prefix -> group: with ``--dist loadgroup`` a group's tests run on one process, one
+after the other. A table here rather than ``xdist_group`` marks: pytest-xdist 3.8 marks a test's
+group by rewriting ``item._nodeid``, which pytest 9.2 no longer reads, so the marks do nothing.
+"""
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``, xdist's group scheduling with :data:`XDIST_GROUPS` as well."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class TableGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for prefix, group in XDIST_GROUPS.items():
+                if nodeid.startswith(prefix):
+                    return group
+            return str(super()._split_scope(nodeid))
+
+    return TableGroupScheduling(config, log)
+
+
+SLOWEST_FIRST: tuple[str, ...] = (
+    "tests/fleet/test_loadtest.py::test_every_fault_three_times_over_an_ensemble",
+    "tests/fleet/test_compose_fleet.py::",  # with the next, XDIST_GROUPS' "docker"
+    "tests/fleet/test_pytest_celery_containers.py::",
+    "tests/fleet/test_readme_example.py::",
+    "tests/task/test_beat_leader.py::test_three_beats_send_each_due_time_once",
+    "tests/task/test_beat_leader.py::test_a_killed_leader_is_replaced",
+    "tests/recipes/test_lease_safety.py::test_d_holder_on_follower_cut_off_from_leader",
+    "tests/task/test_task_unavailable.py::test_in_a_worker_an_outage_during_a_wait",
+    "tests/recipes/test_partition_rig.py::test_isolating_a_member_leaves_a_parallel",
+    "tests/fleet/test_faults.py::",  # XDIST_GROUPS' "faults": its module-scoped stack once
+    "tests/task/test_task_delivery.py::test_copy_of_a_killed_child_runs_under_a_session",
+    "tests/task/test_task_lifecycle.py::test_rabbitmq_broker_skip_mode",
+    "tests/task/test_commands.py::test_break_ends_the_holder_lock_lost",
+    "tests/task/test_semaphore_tasks.py::test_copy_of_a_semaphore_original",
+    "tests/task/test_task_lifecycle.py::test_redelivered_message_of_a_running_task",
+    "tests/recipes/test_partition_rig.py::test_isolate_cuts_a_follower_off",
+    "tests/task/test_task_delivery.py::test_copy_of_an_exclusive_original_waiting",
+    "tests/recipes/test_lease_safety.py::",
+    "tests/fleet/test_demo.py::test_demo_end_to_end",
+    "tests/task/test_task_worker.py::test_prefork_child_paused_past_session_timeout",
+    "tests/task/test_task_lifecycle.py::test_message_of_a_killed_prefork_child",
+    "tests/task/test_task_beat.py::test_beat_singleton_never_overlaps",
+    "tests/task/test_secured_tasks.py::test_creator_acl_keeps_other_identities",
+    "tests/task/test_task_release.py::test_soft_time_limit_while_a_copy_awaits",
+    "tests/task/test_task_lifecycle.py::test_kill_9_of_the_holder",
+    "tests/task/test_commands.py::test_break_in_threads_and_gevent_pools",
+    "tests/task/test_task_worker.py::",
+)
+"""Node id prefixes of the slowest tests (a full run's ``--durations``), slowest first: they
+are collected, and so handed to xdist's processes, before everything else. A prefix that no
+longer matches costs nothing; a slow test missing here only lengthens the run's tail."""
+
+
+def _slowness_rank(item: pytest.Item) -> int:
+    for rank, prefix in enumerate(SLOWEST_FIRST):
+        if item.nodeid.startswith(prefix):
+            return rank
+    return len(SLOWEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest tests first (a stable sort: the rest keep their order)."""
+    items.sort(key=_slowness_rank)
+
 
 SESSION_TIMEOUT = 4.0
 """The workers' ZooKeeper session timeout (seconds): short, so expiry-based tests are quick."""

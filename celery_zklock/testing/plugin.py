@@ -217,7 +217,7 @@ def lock_root(request: pytest.FixtureRequest, zk_hosts: str) -> Iterator[str]:
         deadline = time.monotonic() + 10.0
         while True:
             try:
-                client.delete(path, recursive=True)
+                _delete_tree(client, path)
                 return
             except NoNodeError:
                 return
@@ -230,6 +230,39 @@ def lock_root(request: pytest.FixtureRequest, zk_hosts: str) -> Iterator[str]:
                 time.sleep(0.05)
     finally:
         _close(client)
+
+
+_TREE_TIMEOUT = 30.0
+
+
+def _delete_tree(client: KazooClient, path: str) -> None:
+    """Delete ``path`` and everything under it, one level at a time, each level's requests
+    sent at once (kazoo's ``delete(recursive=True)`` waits for one node at a time: seconds for
+    the thousands of nodes some tests leave). A node that got a child meanwhile raises
+    NotEmptyError; a node already gone is skipped, and NoNodeError means ``path`` itself was."""
+    from kazoo.exceptions import NoNodeError
+
+    levels: list[list[str]] = []
+    frontier = [path]
+    while frontier:
+        levels.append(frontier)
+        listings = [(node, client.get_children_async(node)) for node in frontier]
+        frontier = []
+        for node, listing in listings:
+            try:
+                children = listing.get(timeout=_TREE_TIMEOUT)
+            except NoNodeError:
+                if node == path:
+                    raise
+                continue
+            frontier.extend(f"{node.rstrip('/')}/{child}" for child in children)
+    for level in reversed(levels):
+        deletes = [client.delete_async(node) for node in level]
+        for done in deletes:
+            try:
+                done.get(timeout=_TREE_TIMEOUT)
+            except NoNodeError:
+                continue
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ REPORT_LINE = re.compile(
 FAULT_LINE = re.compile(r"^fault (\w+) at [\d:]+: (NOT RUN: )?", re.MULTILINE)
 TIMES = 2
 
+# One Docker test of a run at a time: tests/conftest.py puts it in XDIST_GROUPS' "docker".
 pytestmark = pytest.mark.slow
 
 

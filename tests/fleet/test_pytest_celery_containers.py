@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["celery_zklock.testing.containers"]
 
+# One Docker test of a run at a time: tests/conftest.py puts it in XDIST_GROUPS' "docker".
 pytestmark = pytest.mark.slow
 
 HOLD_MS = 1000

@@ -7,6 +7,7 @@ example's own call. Only what the README leaves to the reader changes: the hosts
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +53,17 @@ def test_the_readme_example_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_dir = venv / "bin"
+    # From a copy of the tree: pip builds a directory in place (its build/), and the Docker
+    # tests' image builds (`pip wheel` of the tree) may run at the same time.
+    source = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"),
+    )
     installed = subprocess.run(
         [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         str(ROOT), "celery[redis]"],
+         str(source), "celery[redis]"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]

@@ -516,3 +516,20 @@ def test_atexit_stops_servers_nobody_stopped(tmp_path: Path) -> None:
     record = json.loads(done.stdout)
     assert process_gone(record["pid"])  # stopped and reaped before the interpreter exited
     assert not Path(record["dir"]).exists()
+
+
+def test_lock_root_cleanup_deletes_a_wide_deep_tree_and_refuses_a_missing_root(
+    zk_client: KazooClient, lock_root: str
+) -> None:
+    """The lock_root fixture's cleanup (plugin._delete_tree): every level, many nodes each."""
+    from kazoo.exceptions import NoNodeError
+
+    from celery_zklock.testing.plugin import _delete_tree
+
+    for i in range(40):
+        zk_client.create(f"{lock_root}/k{i}/c/_c_lock-{i:010d}", b"x", makepath=True)
+        zk_client.create(f"{lock_root}/k{i}/d", b"")
+    _delete_tree(zk_client, lock_root)
+    assert zk_client.exists(lock_root) is None
+    with pytest.raises(NoNodeError):
+        _delete_tree(zk_client, lock_root)
