@@ -18,10 +18,7 @@ also counts Celery's part of the call) is reported beside it. How it is measured
 ``docs/benchmarks.md``, section 7.
 
 ``--contenders`` (:mod:`benchmarks.variants`) adds, interleaved with the four:
-``zklock/kazoo-writes`` (``zklock`` on a client with direct writes off) for ``kazoo-writes``;
-``zklock/prerun`` (``zklock`` with Celery's ``task_prerun`` and ``task_postrun`` sent around the
-call, as its tracer sends them: the lock request goes out at prerun) and
-``zklock/no-send-ahead`` (the same with the send-ahead off) for ``no-send-ahead``.
+``zklock/kazoo-writes`` (``zklock`` on a client with direct writes off) for ``kazoo-writes``.
 """
 
 from __future__ import annotations
@@ -32,13 +29,12 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, Task
 from celery.app.task import Context
 from celery.app.trace import reset_worker_optimizations, setup_worker_optimizations
-from celery.signals import task_postrun, task_prerun
 
 from benchmarks import variants
 from benchmarks.common import (
@@ -108,9 +104,8 @@ def _worker_request(task_id: str, n: int) -> dict[str, Any]:
     }
 
 
-def _as_worker(task: Task, signals: bool = False) -> Call:
-    """Calls ``task`` the way Celery's tracer does in a worker (``celery.app.trace``); with
-    ``signals``, with ``task_prerun`` and ``task_postrun`` sent around the call, as it does."""
+def _as_worker(task: Task) -> Call:
+    """Calls ``task`` the way Celery's tracer does in a worker (``celery.app.trace``)."""
     stack = task.request_stack
     # The tracer calls __call__ only when a task class defines its own (ZkLockTask does).
     fun = task if type(task).__call__ is not Task.__call__ else task.run
@@ -121,19 +116,7 @@ def _as_worker(task: Task, signals: bool = False) -> Call:
             Context(_worker_request(task_id, n), args=(n,), kwargs={}, called_directly=False)
         )
         try:
-            if signals:
-                task_prerun.send(sender=task, task_id=task_id, task=task, args=(n,), kwargs={})
-            retval = fun(n)
-            if signals:
-                task_postrun.send(
-                    sender=task,
-                    task_id=task_id,
-                    task=task,
-                    args=(n,),
-                    kwargs={},
-                    retval=retval,
-                    state="SUCCESS",
-                )
+            fun(n)
         finally:
             stack.pop()
 
@@ -204,15 +187,9 @@ def _measure(call: Call, numbers: Iterator[int], calls: int, zk_port: int) -> di
     }
 
 
-def _variant_contenders(names: Sequence[str]) -> dict[str, str | None]:
-    """The contenders ``--contenders`` adds, each with the variant it runs under."""
-    extra: dict[str, str | None] = {}
-    if "kazoo-writes" in names:
-        extra["zklock/kazoo-writes"] = None  # its own client: direct writes off
-    if "no-send-ahead" in names:
-        extra["zklock/prerun"] = None
-        extra["zklock/no-send-ahead"] = "no-send-ahead"
-    return extra
+def _variant_contenders(names: Sequence[str]) -> list[str]:
+    """The contenders ``--contenders`` adds."""
+    return ["zklock/kazoo-writes"] if "kazoo-writes" in names else []
 
 
 def run_section(
@@ -249,19 +226,10 @@ def run_section(
             }
             if kazoo_app is not None:
                 cases["zklock/kazoo-writes"] = _as_worker(kazoo_app.tasks[LOCKED_TASK])
-            if "zklock/prerun" in extra:
-                cases["zklock/prerun"] = cases["zklock/no-send-ahead"] = _as_worker(
-                    locked, signals=True
-                )
 
-            def around(name: str) -> AbstractContextManager[None]:
-                variant = extra.get(name)
-                return variants.applied(variant) if variant else nullcontext()
-
-            for name, call in cases.items():
-                with around(name):
-                    for _ in range(warmup):
-                        call(next(numbers))
+            for call in cases.values():
+                for _ in range(warmup):
+                    call(next(numbers))
             if layout["pinned"]:
                 layout["caller_thread_cpus"] = sorted(
                     sorted(cpus) for cpus in thread_affinities(os.getpid())
@@ -269,8 +237,7 @@ def run_section(
             figures: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
             for rep in range(repeats):
                 for name in rotated(contenders, rep):
-                    with around(name):
-                        figures[name].append(_measure(cases[name], numbers, calls, zk.port))
+                    figures[name].append(_measure(cases[name], numbers, calls, zk.port))
                 cpu = ", ".join(f"{n} {figures[n][-1]['cpu_ms']:.3f} ms" for n in contenders)
                 progress(f"task layer rep {rep + 1}: CPU per call {cpu}")
     finally:

@@ -2,10 +2,6 @@
 
 :class:`LockedRun` works out the call's options, lock path, lock side and identity once, then:
 
-0. **ahead** (in a worker): :mod:`celery_zklock.ahead` may have made the run at
-   ``task_prerun`` and sent the create of its contender node then; it hands :meth:`LockedRun.run`
-   the lock side that create went on, and the acquire below finishes it.
-
 1. **acquire**: a try-lock; when busy, the task's busy policy (:mod:`celery_zklock.policy`),
    after :mod:`celery_zklock.delivery` has looked for another delivery of this very task in the
    queue. ZooKeeper failing on the way is the ``unavailable`` situation, never a busy lock.
@@ -70,7 +66,6 @@ class LockedRun:
     def __init__(self, task: Any, spec: TaskLockSpec, args: Any, kwargs: Any):
         request = task.request
         self.task = task
-        self.call = (args, kwargs)
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
@@ -83,25 +78,18 @@ class LockedRun:
         self.lost_told = False
         self.lost_told_event: threading.Event | None = None
 
-    def run(
-        self, body: Callable[[], Any], side_for: Callable[[KazooClient], Mutex] | None = None
-    ) -> Any:
+    def run(self, body: Callable[[], Any]) -> Any:
         """Acquire, run ``body`` holding the lock, release; the task's result or a skip result.
 
         With ``dedupe``, the call's marker goes when the run starts (``queued``) or when it ends
-        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`. ``side_for`` gives
-        the lock side to acquire on the client the run uses (default :meth:`side_for`): the
-        send-ahead's, whose create is in flight."""
-        return self._run_marked(body, side_for or self.side_for)
-
-    def _run_marked(self, body: Callable[[], Any], side_for: Callable[[KazooClient], Mutex]) -> Any:
+        any way but a retry (``running``): see :mod:`celery_zklock.dedupe`."""
         client = self._client()
         dedupe = self.options.dedupe
         if dedupe == "queued":
             self._remove_marker(client, starting=True)
         keep_marker = False
         try:
-            return self._run(client, side_for(client), body)
+            return self._run(client, self._side(client), body)
         except Retry:
             keep_marker = True  # the retry's message carries this task id: the marker is its own
             raise
@@ -128,7 +116,7 @@ class LockedRun:
                 )
             self._log("marker-left", self.path, error=repr(exc))
 
-    def side_for(self, client: KazooClient) -> Mutex:
+    def _side(self, client: KazooClient) -> Mutex:
         """The lock side this run contends on: a semaphore, or one side of the path's
         read-write lock (write for ``exclusive``, read for ``shared``)."""
         if self.options.mode == "semaphore":

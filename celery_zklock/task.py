@@ -2,12 +2,11 @@
 
 The class holds the lock options (compiled once, when the task class is made, into a
 :class:`~celery_zklock.options.TaskLockSpec`), carries a call's ``zklock={...}`` overrides in the
-message headers, and hands each call to a :class:`~celery_zklock.run.LockedRun` (through
-:mod:`celery_zklock.ahead`, which may have made it at ``task_prerun``), which acquires, holds
-and releases. Where each outcome is decided: :mod:`celery_zklock.policy` (busy, timeout, lost,
-unavailable),
-:mod:`celery_zklock.delivery` (another delivery of the same message), :mod:`celery_zklock.run`
-(the lease from grant to release), :mod:`celery_zklock.interrupt` (stopping the body).
+message headers, and hands each call to a :class:`~celery_zklock.run.LockedRun`, which
+acquires, holds and releases. Where each outcome is decided: :mod:`celery_zklock.policy` (busy,
+timeout, lost, unavailable), :mod:`celery_zklock.delivery` (another delivery of the same
+message), :mod:`celery_zklock.run` (the lease from grant to release),
+:mod:`celery_zklock.interrupt` (stopping the body).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any, ClassVar, Final
 from celery import Task, uuid
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
-from celery_zklock import ahead, holders
+from celery_zklock import holders
 from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
@@ -39,7 +38,7 @@ from celery_zklock.options import (
     request_overrides,
 )
 from celery_zklock.policy import is_skipped
-from celery_zklock.run import current_lease
+from celery_zklock.run import LockedRun, current_lease
 from celery_zklock.session import close_clients
 
 __all__ = ["CALL_OPTION", "ZkLockTask", "is_skipped"]
@@ -156,7 +155,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         body = functools.partial(super().__call__, *args, **kwargs)
-        return ahead.call(self, self._zklock_compile(self.name), args, kwargs, body)
+        return LockedRun(self, self._zklock_compile(self.name), args, kwargs).run(body)
 
     # -- operating -----------------------------------------------------------------------
     def lock_path(self, *args: Any, **kwargs: Any) -> str:
@@ -193,7 +192,6 @@ def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
 #: ``signature_from_request``); taken out before Celery sees the options.
 _RESEND: Final = "_zklock_resend"
 
-ahead.connect_signals(ZkLockTask)
 worker_init.connect(_check_settings_at_worker_start, weak=False)
 worker_process_shutdown.connect(_close_clients_on_shutdown, weak=False)
 worker_shutdown.connect(_close_clients_on_shutdown, weak=False)

@@ -27,7 +27,7 @@ from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
 from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.locks.lease import Hold, Lease
-from celery_zklock.locks.queue import ContenderQueue, SentCreate, SessionGone
+from celery_zklock.locks.queue import ContenderQueue, SessionGone
 
 
 class Mutex:
@@ -47,11 +47,6 @@ class Mutex:
     def __init__(self, client: KazooClient, path: str, *, kind: LockKind = MUTEX) -> None:
         self._context: ClientContext = context_for(client)
         self._queue = ContenderQueue(self._context, path, kind)
-        self._sent: SentCreate | None = None
-        # The attempt's uuid prefix, set before a create goes ahead and cleared when it is taken
-        # up or dropped: a create whose SentCreate was never recorded (an exception thrown into
-        # the thread just after the send) is still found by it.
-        self._sent_prefix: str | None = None
 
     @property
     def path(self) -> str:
@@ -116,29 +111,18 @@ class Mutex:
         behind (if ZooKeeper is unreachable at that moment, the node is removed in the
         background, or goes with its session).
         """
-        # a create sent ahead: this call finishes it or removes it
-        sent, prefix = self._sent, self._sent_prefix
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         context = self._context
+        context.check_usable()
+        thread_id = threading.get_ident()
+        reentered = self._reenter(thread_id)
+        if reentered is not None:
+            return Lease(reentered, self._release)
+        wait, io = self._deadlines(blocking, timeout)
         try:
-            try:  # until _acquire_node takes it up, an error here removes the create's node
-                self._sent = self._sent_prefix = None
-                if sent is None and prefix is not None:  # its send was cut short: look for it
-                    self._queue.abandon(prefix)
-                if timeout is not None and timeout < 0:
-                    raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
-                context.check_usable()
-                thread_id = threading.get_ident()
-                reentered = self._reenter(thread_id)
-                if reentered is None:
-                    wait, io = self._deadlines(blocking, timeout)
-                    context.ensure_timeout_known(io)
-            except BaseException:
-                self._abandon(sent)
-                raise
-            if reentered is not None:
-                self._abandon(sent)
-                return Lease(reentered, self._release)
-            hold = self._acquire_node(blocking, wait, io, thread_id, data, sent)
+            context.ensure_timeout_known(io)
+            hold = self._acquire_node(blocking, wait, io, thread_id, data)
         except ConnectionClosedError as exc:
             raise ZooKeeperUnavailable(
                 f"the kazoo client was stopped while acquiring {self.path}"
@@ -153,36 +137,6 @@ class Mutex:
             context.owned[(self.path, thread_id)] = hold
         context.clock.track(hold)
         return Lease(hold, self._release)
-
-    def _send_ahead(self, data: bytes) -> bool:
-        """Send the create of this lock's contender node now, holding ``data``, and return
-        whether it went (not while the client is disconnected or unusable). The next
-        :meth:`acquire` on this object finishes it (it must get the same ``data``) or, if it
-        ends another way (reentered, refused, failed), removes the node; so does
-        :meth:`_drop_sent_ahead`. For the task layer, which sends it when Celery announces the
-        run, so that its round trip overlaps Celery's own work before the call."""
-        if self._sent_prefix is not None:
-            return self._sent is not None
-        try:
-            self._context.check_usable()
-        except ZkLockError:
-            return False
-        self._sent_prefix = prefix = protected_prefix(str(uuid4()))
-        self._sent = self._queue.send_create(prefix, data)
-        if self._sent is None:  # not connected: nothing went
-            self._sent_prefix = None
-            return False
-        return True
-
-    def _drop_sent_ahead(self) -> None:
-        """Remove the node of a create :meth:`_send_ahead` sent that no acquire took up."""
-        prefix, self._sent_prefix, self._sent = self._sent_prefix, None, None
-        if prefix is not None:
-            self._queue.abandon(prefix)
-
-    def _abandon(self, sent: SentCreate | None) -> None:
-        if sent is not None:
-            self._queue.abandon(sent.prefix)
 
     def _deadlines(self, blocking: bool, timeout: float | None) -> tuple[Deadline, Deadline]:
         """The deadline of the wait for other holders, and the one of each request's answer."""
@@ -212,20 +166,13 @@ class Mutex:
             return hold
 
     def _acquire_node(
-        self,
-        blocking: bool,
-        wait: Deadline,
-        io: Deadline,
-        thread_id: int,
-        data: bytes,
-        sent: SentCreate | None = None,
+        self, blocking: bool, wait: Deadline, io: Deadline, thread_id: int, data: bytes
     ) -> Hold | None:
         queue, context = self._queue, self._context
         while True:
-            attempt, sent = sent, None
-            prefix = protected_prefix(str(uuid4())) if attempt is None else attempt.prefix
+            prefix = protected_prefix(str(uuid4()))
             try:
-                created = queue.enqueue(prefix, io, data, attempt)
+                created = queue.enqueue(prefix, io, data)
                 granted = queue.await_grant(created, blocking, wait, io)
                 if granted:
                     self._ensure_fresh(io)

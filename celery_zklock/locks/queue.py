@@ -91,24 +91,6 @@ class Created:
     children: list[str]
 
 
-@dataclass(frozen=True)
-class SentCreate:
-    """Our contender node's create, sent and not awaited yet (:meth:`ContenderQueue.send_create`):
-    the attempt's uuid ``prefix``, whether the parent was known to exist (else the create also
-    makes it), the session and epoch it was sent in and when, and kazoo's async results of the
-    create, of the listing sent with it (under a known parent) and of the limit's read (a
-    semaphore's)."""
-
-    prefix: str
-    parent_known: bool
-    session_id: int
-    epoch: int
-    sent_at: float
-    created: Any
-    listing: Any
-    limit_read: Any
-
-
 class SessionGone(Exception):
     """Our node disappeared (its session ended): start a new attempt with a new node."""
 
@@ -141,54 +123,31 @@ class ContenderQueue:
         return self.context.client
 
     # -- create ----------------------------------------------------------------------------
-    def send_create(
-        self, prefix: str, data: bytes, parent_known: bool | None = None
-    ) -> SentCreate | None:
-        """Send the create of our contender node (attempt ``prefix``, holding ``data``) without
-        waiting for it; None if the client is not connected. ``parent_known`` defaults to what
-        the client has seen of the parent. :meth:`enqueue` takes it from there."""
+    def enqueue(self, prefix: str, io: Deadline, data: bytes) -> Created:
+        """Create our contender node; return it with a listing taken after it was created."""
         context, client = self.context, self.client
-        session_id = context.session_id()
-        if session_id is None:
-            return None
-        if parent_known is None:
-            parent_known = context.parent_known(self.path)
-        epoch = context.epoch
-        sent_at = time.monotonic()
-        node_path = f"{self.path}/{prefix}{self.lock_kind.marker}"
-        if parent_known:
-            created = adapter.create_node_async(client, node_path, data)
-        else:  # one request: a new parent and our node, its first child ever
-            created = adapter.create_node_and_parent_async(client, self.path, node_path, data)
-        # Under a parent we may be creating right now our node is most likely its first
-        # child ever (sequence 0), which holds whatever else comes: list the children in
-        # the same round trip only under a parent we have seen before.
-        listing = client.get_children_async(self.path) if parent_known else None
-        limit_read = client.get_async(self.path) if self.lock_kind.limit else None
-        return SentCreate(
-            prefix, parent_known, session_id, epoch, sent_at, created, listing, limit_read
-        )
-
-    def enqueue(
-        self, prefix: str, io: Deadline, data: bytes, sent: SentCreate | None = None
-    ) -> Created:
-        """Create our contender node (or finish ``sent``, a create of attempt ``prefix`` sent
-        earlier); return it with a listing taken after it was created."""
-        context, client = self.context, self.client
-        parent_known = context.parent_known(self.path) if sent is None else sent.parent_known
+        parent_known = context.parent_known(self.path)
         while True:
-            attempt, sent = sent, None
-            if attempt is None:
-                attempt = self.send_create(prefix, data, parent_known)
-                if attempt is None:
-                    context.await_connected(io, f"creating a contender under {self.path}")
-                    continue
-            session_id, epoch, sent_at = attempt.session_id, attempt.epoch, attempt.sent_at
-            listing, limit_read = attempt.listing, attempt.limit_read
+            session_id = context.session_id()
+            if session_id is None:
+                context.await_connected(io, f"creating a contender under {self.path}")
+                continue
+            epoch = context.epoch
+            sent_at = time.monotonic()
+            node_path = f"{self.path}/{prefix}{self.lock_kind.marker}"
+            if parent_known:
+                created = adapter.create_node_async(client, node_path, data)
+            else:  # one request: a new parent and our node, its first child ever
+                created = adapter.create_node_and_parent_async(client, self.path, node_path, data)
+            # Under a parent we may be creating right now our node is most likely its first
+            # child ever (sequence 0), which holds whatever else comes: list the children in
+            # the same round trip only under a parent we have seen before.
+            listing = client.get_children_async(self.path) if parent_known else None
+            limit_read = client.get_async(self.path) if self.lock_kind.limit else None
             what = f"creating a contender under {self.path}"
             try:
-                answer = wait_result(attempt.created, io, what)
-                if attempt.parent_known:
+                answer = wait_result(created, io, what)
+                if parent_known:
                     full_path, stat = answer
                     token = stat.czxid
                 else:
