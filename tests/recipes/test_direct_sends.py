@@ -89,10 +89,19 @@ def test_many_threads_on_both_paths_keep_every_thread_s_order(
     def creator(thread: int) -> None:
         try:
             start.wait()
-            results = [
-                client.create_async(f"{lock_root}/n-", f"{thread}".encode(), sequence=True)
-                for _ in range(300)
-            ]
+            results = []
+            for i in range(300):
+                # Thread 0 also turns direct sends off and on itself every 10 requests: the
+                # toggler below may get no CPU at all on a loaded machine, and then one path
+                # would take every request.
+                if thread == 0 and i % 20 == 0:
+                    connection.stop_direct_sends()
+                elif thread == 0 and i % 20 == 10:
+                    with lock:
+                        connection._direct_sends = True
+                results.append(
+                    client.create_async(f"{lock_root}/n-", f"{thread}".encode(), sequence=True)
+                )
             created[thread] = [r.get(timeout=ANSWER_WITHIN) for r in results]
         except BaseException as exc:
             errors.append(exc)
