@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 pytest_plugins = ["celery_zklock.testing.plugin"]
@@ -100,11 +101,32 @@ SESSION_TIMEOUT = 4.0
 """The workers' ZooKeeper session timeout (seconds): short, so expiry-based tests are quick."""
 
 
+def empty_broker(url: str) -> None:
+    """Drop every message the Redis broker at ``url`` holds: those in its queues and those
+    delivered but never acknowledged (kombu's unacked index); the queues' bindings stay, as a
+    client that declared a queue once does not declare it again.
+
+    The session's Redis serves every test of a pytest process, and most task tests use the same
+    queue names (q0, q1). A message an earlier test left, e.g. that of a worker SIGKILLed while
+    running it (Celery acknowledges on the worker's next event-loop turn, which a solo worker
+    never took), is put back in its queue by any later consumer with a short visibility timeout
+    and then run by whichever test's worker consumes that queue next, beside that test's tasks.
+    """
+    client = redis.Redis.from_url(url)
+    try:
+        queues = list(client.scan_iter(_type="list"))
+        client.delete(*queues, "unacked", "unacked_index")
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def taskenv(
     zk_hosts: str, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Celery, dict[str, str], Path]]:
-    """The task app configured for this test, the workers' environment, and their directory."""
+    """The task app configured for this test, the workers' environment, and their directory,
+    on a broker that holds no message of an earlier test (:func:`empty_broker`)."""
+    empty_broker(redis_url)
     env = {
         "TASKAPP_BROKER": redis_url,
         "ZKLOCK_HOSTS": zk_hosts,
