@@ -71,11 +71,11 @@ $(COMPAT_STAMP): pyproject.toml tests/compat/constraints.txt
 	$(COMPAT_BIN)/python -m pip check
 	touch $@
 
-# The contract of kazoo's private hooks (locks/adapter.py: the shape check, its fallback, the direct
-# write path on a real ZooKeeper) against each supported kazoo minor version, as test-compat does:
+# The contract of kazoo's private hooks (locks/adapter.py: that they exist; the socket I/O that
+# overrides _read and _write, on a real ZooKeeper) against each supported kazoo minor version, as test-compat does:
 # one venv each (.venv-kazoo-2.9, ...), kazoo pinned, the rest as resolved for the `test` extra.
 KAZOO_VERSIONS := 2.9 2.10 2.11
-KAZOO_TESTS    := tests/recipes/test_kazoo_contract.py tests/unit/test_direct_sends.py
+KAZOO_TESTS    := tests/recipes/test_kazoo_contract.py tests/unit/test_direct_socket_io.py tests/unit/test_lease_clock.py
 test-kazoo: system-deps $(KAZOO_VERSIONS:%=.venv-kazoo-%/.installed)
 	@set -e; for v in $(KAZOO_VERSIONS); do \
 		.venv-kazoo-$$v/bin/python -c 'from importlib.metadata import version; print("test-kazoo: kazoo", version("kazoo"))'; \

@@ -17,8 +17,8 @@ The task layer is ``zklock - (recipe+plain)``, paired per repetition; ``zklock -
 also counts Celery's part of the call) is reported beside it. How it is measured and why:
 ``docs/benchmarks.md``, section 7.
 
-``--contenders`` (:mod:`benchmarks.variants`) adds, interleaved with the four:
-``zklock/kazoo-writes`` (``zklock`` on a client with direct writes off) for ``kazoo-writes``.
+``--contenders`` (:mod:`benchmarks.variants`) adds nothing here: its one variant, ``control``,
+is a section-4 worker.
 """
 
 from __future__ import annotations
@@ -69,11 +69,9 @@ def _noop(self: Task, n: int) -> int:
     return n
 
 
-def _app(zk: ZooKeeperServer, client_factory: str | None = None) -> Celery:
+def _app(zk: ZooKeeperServer) -> Celery:
     app = Celery("bench-task-layer", broker="memory://", set_as_current=False)
     app.conf.zklock_hosts = zk.hosts
-    if client_factory is not None:
-        app.conf.zklock_client_factory = client_factory
     app.conf.task_ignore_result = True
     app.task(name=LOCKED_TASK, base=ZkLockTask, bind=True, shared=False)(_noop)
     app.task(name=PLAIN_TASK, bind=True, shared=False)(_noop)
@@ -187,11 +185,6 @@ def _measure(call: Call, numbers: Iterator[int], calls: int, zk_port: int) -> di
     }
 
 
-def _variant_contenders(names: Sequence[str]) -> list[str]:
-    """The contenders ``--contenders`` adds."""
-    return ["zklock/kazoo-writes"] if "kazoo-writes" in names else []
-
-
 def run_section(
     zk: ZooKeeperServer,
     *,
@@ -201,15 +194,11 @@ def run_section(
     progress: Progress,
     variant_names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Time the four contenders, and those ``variant_names`` add (:mod:`benchmarks.variants`),
-    interleaved in an order rotated per repetition."""
-    extra = _variant_contenders(variants.check(list(variant_names)))
-    contenders = (*CONTENDERS, *extra)
+    """Time the four contenders interleaved in an order rotated per repetition
+    (``variant_names``, :mod:`benchmarks.variants`, are checked; none adds one here)."""
+    variants.check(list(variant_names))
+    contenders = CONTENDERS
     app = _app(zk)
-    kazoo_app = None
-    if "zklock/kazoo-writes" in extra:
-        variants.hosts = zk.hosts
-        kazoo_app = _app(zk, f"{variants.__name__}:{variants.kazoo_writes_client.__name__}")
     setup_worker_optimizations(app, hostname="bench@task-layer")
     numbers = itertools.count()  # every call of every contender takes a key never used
     try:
@@ -224,8 +213,6 @@ def run_section(
                 "plain": plain_call,
                 "recipe+plain": _both(recipe, plain_call),
             }
-            if kazoo_app is not None:
-                cases["zklock/kazoo-writes"] = _as_worker(kazoo_app.tasks[LOCKED_TASK])
 
             for call in cases.values():
                 for _ in range(warmup):

@@ -15,46 +15,21 @@ there and a request almost always fits the send buffer. Its ``_read`` and ``_wri
 and ``send`` on the non-blocking socket first and poll only when the socket would block (5 polls
 per request become 2). The library installs it on its own threading clients
 (:func:`celery_zklock.locks.adapter.use_direct_socket_io`); TLS sockets keep kazoo's path.
-
-:class:`DirectSendClient` cuts a thread hand-off per request: kazoo's ``_call`` queues a request
-and wakes the connection thread, which writes it; ours writes it on the calling thread (under a
-lock the connection thread's own writes also take) whenever the connection is up and nothing
-waits in kazoo's queue. The connection thread still reads every answer, in order, and fails
-every request in flight when the connection drops, so a request sent this way is answered,
-ordered and failed exactly as a queued one.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import select
-import socket
 import ssl
-import struct
-import threading
 from collections.abc import Sequence
-from importlib import metadata
-from typing import Any, Final
+from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionDropped
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.handlers.utils import fileobj_to_fd
 from kazoo.protocol.connection import ConnectionHandler
-from kazoo.protocol.serialization import Auth, Close
-from kazoo.protocol.states import KeeperState
 
-__all__ = [
-    "DirectSendClient",
-    "DirectSocketConnection",
-    "PollingThreadingHandler",
-    "hook_differs",
-    "kazoo_version",
-    "poll_select",
-]
-
-_log = logging.getLogger(__name__)
+__all__ = ["DirectSocketConnection", "PollingThreadingHandler", "poll_select"]
 
 _READ = select.POLLIN | select.POLLPRI
 _WRITE = select.POLLOUT
@@ -160,173 +135,3 @@ class DirectSocketConnection(ConnectionHandler):  # type: ignore[misc]
                 view = view[sent:]
         except (OSError, ValueError) as exc:
             raise ConnectionDropped(f"socket connection error: {exc}") from exc
-
-    # --- Requests written by the calling thread (DirectSendClient) ---------------------------
-    #
-    # The lock orders every write of a request on this connection (ours and the connection
-    # thread's) with its xid and its place in kazoo's ``_pending``, so the answers, which the
-    # connection thread alone reads, come back in the order ``_pending`` expects. ``_direct_sends``
-    # is True only between the end of a handshake (auth sent) and the first sign that the
-    # connection is going: a Close sent, or any state but CONNECTED reported. The class
-    # defaults keep a connection without ``enable_direct_sends`` on kazoo's own path.
-    _xid: int  # kazoo's: the last xid sent on this connection (reset by each handshake)
-    _send_lock: threading.Lock | None = None
-    _direct_sends: bool = False
-    _send_timeout: float = 10.0
-
-    def enable_direct_sends(self) -> None:
-        """Let :meth:`send_now` write requests (call before the client starts)."""
-        if self._send_lock is None:
-            self._send_lock = threading.Lock()
-
-    def send_now(self, request: Any, async_object: Any) -> bool:
-        """Write ``request`` on this thread and put it among those awaiting an answer; False
-        (nothing done) if it must go through kazoo's queue instead: the connection is not up,
-        requests wait in the queue (they go first), or the request is one only the connection
-        thread sends. A failed write drops the connection, and the connection thread then fails
-        this request as it fails every one in flight; an error of the request's own
-        serialisation is raised here, with nothing sent. An exception thrown into this thread
-        during the write (an interruption) drops the connection too, and is raised."""
-        lock = self._send_lock
-        opcode = getattr(request, "type", None)  # kazoo's test sentinels have none
-        if lock is None or not self._direct_sends or opcode is None or opcode in _QUEUED_ONLY:
-            return False
-        body = request.serialize()
-        with lock:
-            client = self.client
-            if not self._direct_sends or client._queue:
-                return False
-            self._xid = xid = (self._xid % 2147483647) + 1
-            if self.logger.isEnabledFor(logging.DEBUG):
-                self.logger.debug("Sending request(xid=%s): %s", xid, request)
-            try:
-                client._pending.append((request, async_object, xid))
-                self._write(
-                    DIRECT_HEADER.pack(len(body) + 8, xid, opcode) + body, self._send_timeout
-                )
-            except BaseException as exc:
-                # The stream may now hold part of a request, or an answer be awaited for one
-                # never sent: end this connection (the connection thread fails all in flight).
-                self._direct_sends = False
-                _shut(self._socket)
-                if not isinstance(exc, Exception):
-                    raise  # thrown into this thread (a task's interruption): not ours to keep
-        return True
-
-    def stop_direct_sends(self) -> None:
-        """Send nothing more on this thread until the next handshake (waits for a write in
-        progress, so every request written so far is in kazoo's ``_pending``)."""
-        with self._writes_locked():
-            self._direct_sends = False
-
-    def _writes_locked(self) -> contextlib.AbstractContextManager[Any]:
-        """The send lock held, or nothing for a connection without direct sends."""
-        lock = self._send_lock
-        return lock if lock is not None else contextlib.nullcontext()
-
-    def _connect(self, host: str, hostip: str, port: int) -> Any:
-        timeouts = super()._connect(host, hostip, port)
-        if self._send_lock is None:
-            return timeouts
-        if not _are_timeouts(timeouts):
-            hook_differs("ConnectionHandler._connect", f"it returned {timeouts!r}")
-        with self._writes_locked():
-            if _differing_hook is None:
-                self._send_timeout = timeouts[1] / 1000.0
-            # OpenSSL does not allow one thread to write while another reads
-            self._direct_sends = _differing_hook is None and not isinstance(
-                self._socket, ssl.SSLSocket
-            )
-        return timeouts
-
-    def _send_request(self, read_timeout: float, connect_timeout: float) -> None:
-        with self._writes_locked():
-            queue = self.client._queue
-            if queue and isinstance(queue[0][0], Close):
-                self._direct_sends = False
-            super()._send_request(read_timeout, connect_timeout)
-
-    def _send_ping(self, connect_timeout: float) -> None:
-        with self._writes_locked():
-            super()._send_ping(connect_timeout)
-
-
-class DirectSendClient(KazooClient):  # type: ignore[misc]
-    """kazoo's client whose requests are written by the thread that makes them, when its
-    connection is a :class:`DirectSocketConnection` with direct sends enabled (else kazoo's
-    own path). Everything else, answers, watches, reconnects and the failure of requests in
-    flight, is kazoo's. Made by :func:`celery_zklock.locks.adapter.use_direct_socket_io`."""
-
-    def _call(self, request: Any, async_object: Any) -> Any:
-        connection = self._connection
-        if isinstance(connection, DirectSocketConnection) and connection.send_now(
-            request, async_object
-        ):
-            return None
-        return super()._call(request, async_object)
-
-    def _session_callback(self, state: str) -> None:
-        if state not in _UP_STATES:
-            connection = self._connection
-            if isinstance(connection, DirectSocketConnection):
-                # before kazoo fails the requests in flight, so none is added after that
-                connection.stop_direct_sends()
-        super()._session_callback(state)
-
-
-#: length, xid, opcode: the header of every request after the handshake (as kazoo writes it).
-DIRECT_HEADER: Final = struct.Struct("!iii")
-#: Requests kazoo's connection thread must send itself (auth takes its own xid; Close ends).
-_QUEUED_ONLY: Final = frozenset({Auth.type, Close.type})
-_UP_STATES: Final = frozenset({KeeperState.CONNECTED, KeeperState.CONNECTED_RO})
-
-
-_differing_hook: str | None = None
-_differs_lock = threading.Lock()
-
-
-def hook_differs(hook: str, detail: str) -> None:
-    """Record that kazoo's private ``hook`` is not what :class:`DirectSendClient` relies on:
-    from now on no connection of this process writes a request on its caller's thread (each
-    goes through kazoo's own queue from its next handshake, and at once after
-    :meth:`DirectSocketConnection.stop_direct_sends`). Logs one warning per process, naming
-    the first hook found to differ and the installed kazoo version."""
-    global _differing_hook
-    with _differs_lock:
-        if _differing_hook is not None:
-            return
-        _differing_hook = hook
-    _log.warning(
-        "kazoo %s: %s differs from what celery-zklock expects (%s); requests take kazoo's own "
-        "write path in this process",
-        kazoo_version(),
-        hook,
-        detail,
-    )
-
-
-def differing_hook() -> str | None:
-    """The private kazoo hook found to differ in this process (:func:`hook_differs`), if any."""
-    return _differing_hook
-
-
-def kazoo_version() -> str:
-    try:
-        return metadata.version("kazoo")
-    except metadata.PackageNotFoundError:  # run from a source tree
-        return "(unknown version)"
-
-
-def _are_timeouts(value: Any) -> bool:
-    """kazoo's ``_connect`` answers ``(read_timeout, connect_timeout)`` in milliseconds."""
-    return (
-        isinstance(value, tuple)
-        and len(value) == 2
-        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in value)
-    )
-
-
-def _shut(sock: socket.socket | None) -> None:
-    if sock is not None:
-        with contextlib.suppress(OSError):  # already closed or never connected
-            sock.shutdown(socket.SHUT_RDWR)

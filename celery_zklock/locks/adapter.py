@@ -23,12 +23,6 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
 - **Socket reads and writes that try before they poll**: :func:`use_direct_socket_io` makes a
   client's ``ConnectionHandler`` a :class:`~celery_zklock.kazoo_handler.DirectSocketConnection`
   (it overrides ``_read`` and ``_write``).
-- **Requests written by the thread that makes them**: the same function makes a plain
-  ``KazooClient`` a :class:`~celery_zklock.kazoo_handler.DirectSendClient` (it overrides
-  ``_call`` and ``_session_callback``); its connection writes a request under a lock that
-  kazoo's ``_send_request`` and ``_send_ping`` also take, with the next ``_xid``, after
-  appending it to ``KazooClient._pending``, and only while ``KazooClient._queue`` is empty and
-  the handshake (``_connect``) is done.
 - **Whether a client can send at all** (``KazooClient._stopped``): a stopped, closed or never
   started client fails every request with ``ConnectionClosedError``, which kazoo derives from
   ``SessionExpiredError``; a caller that waits for a reconnect on session expiry would wait forever.
@@ -40,27 +34,15 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
 :data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/unit/test_lease_clock.py`` checks
 that the installed kazoo still has them, so an upgrade that removes one fails loudly in the tests.
 
-**The shape check.** Before a client gets the direct write path, :func:`write_path_hooks_differ`
-checks (once per process) that every hook it relies on still has its shape: the attributes and
-their types, the methods' parameters, and, on a socket pair with kazoo's own ``_send_request``
-and ``_read_response``, that a queued request goes into ``_pending`` as ``(request,
-async_object, xid)`` with the next ``_xid``, is written as the direct path writes it, and that
-its answer is paired back to it. Each handshake checks what ``_connect`` returns. When anything
-differs, requests take kazoo's own path (``KazooClient._call``'s queue; the contender create
-``client.create_async``) and one warning per process names the hook and kazoo's version.
-:func:`set_direct_writes` takes the same fallback on purpose (a benchmark's comparison).
-``tests/recipes/test_kazoo_contract.py`` exercises each hook's behaviour on a real ZooKeeper;
-``make test-kazoo`` runs it against every supported kazoo minor version.
+``tests/recipes/test_kazoo_contract.py`` exercises the client's request path with
+:func:`use_direct_socket_io`'s socket I/O on a real ZooKeeper (answers paired under concurrency,
+reconnects, a stop); ``make test-kazoo`` runs it against every supported kazoo minor version.
 """
 
 from __future__ import annotations
 
-import inspect
-import logging
 import socket
 import threading
-from collections import deque
-from types import SimpleNamespace
 from typing import Any, ClassVar, Final
 
 from kazoo.client import KazooClient
@@ -69,9 +51,7 @@ from kazoo.protocol.connection import ConnectionHandler
 from kazoo.protocol.serialization import (
     Connect,
     Create2,
-    Exists,
     MultiHeader,
-    ReplyHeader,
     ZnodeStat,
     int_struct,
     long_struct,
@@ -83,15 +63,7 @@ from kazoo.protocol.serialization import (
 )
 from kazoo.security import ACL, OPEN_ACL_UNSAFE
 
-from celery_zklock.kazoo_handler import (
-    DIRECT_HEADER,
-    DirectSendClient,
-    DirectSocketConnection,
-    PollingThreadingHandler,
-    differing_hook,
-    hook_differs,
-    kazoo_version,
-)
+from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
 
 #: (object, attribute) pairs of kazoo's private API this module relies on.
 PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
@@ -104,30 +76,8 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
     ("KazooClient", "_connection"),
     ("ConnectionHandler", "_read"),
     ("ConnectionHandler", "_write"),
-    ("ConnectionHandler", "_connect"),
-    ("ConnectionHandler", "_send_request"),
-    ("ConnectionHandler", "_send_ping"),
-    ("ConnectionHandler", "_xid"),
-    ("KazooClient", "_queue"),
-    ("KazooClient", "_pending"),
-    ("KazooClient", "_session_callback"),
     ("ConnectionHandler", "connection_stopped"),
     ("ConnectionHandler", "_connection_routine"),
-    ("ConnectionHandler", "_read_sock"),
-    ("ConnectionHandler", "_read_response"),
-)
-
-#: The parameters (after ``self``) of the kazoo methods the direct write path overrides or
-#: calls, as kazoo 2.9 to 2.11 declare them.
-WRITE_PATH_METHODS: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
-    (KazooClient, "_call", ("request", "async_object")),
-    (KazooClient, "_session_callback", ("state",)),
-    (ConnectionHandler, "_read", ("length", "timeout")),
-    (ConnectionHandler, "_write", ("msg", "timeout")),
-    (ConnectionHandler, "_connect", ("host", "hostip", "port")),
-    (ConnectionHandler, "_send_request", ("read_timeout", "connect_timeout")),
-    (ConnectionHandler, "_send_ping", ("connect_timeout",)),
-    (ConnectionHandler, "_read_response", ("header", "buffer", "offset")),
 )
 
 #: ZooKeeper's CreateMode.CONTAINER flag.
@@ -167,119 +117,10 @@ def install_connect_hook() -> None:
 install_connect_hook()
 
 
-__all__ = ["kazoo_version"]  # re-exported: the version a hook warning names
-
-_log = logging.getLogger(__name__)
-_direct_writes = True
-_checked = False
-_check_lock = threading.Lock()
-
-
-def set_direct_writes(enabled: bool) -> None:
-    """Let clients made from now on in this process write requests on their callers' threads
-    (True, the default) or leave every write to kazoo's connection thread (False: no
-    :class:`~celery_zklock.kazoo_handler.DirectSendClient`, as when a hook differs), e.g. to
-    measure what the direct path buys. Clients already made keep the path they have."""
-    global _direct_writes
-    _direct_writes = enabled
-
-
-def direct_writes() -> bool:
-    """True if clients made now get the direct write path: not turned off by
-    :func:`set_direct_writes`, and no kazoo hook it relies on differs."""
-    return _direct_writes and write_path_hooks_differ() is None
-
-
-def write_path_hooks_differ() -> str | None:
-    """The first private kazoo hook of the direct write path whose shape is not what it relies
-    on, or None. Checked once per process (the first call warns once if one differs); a
-    difference found later, in a handshake, is reported the same way."""
-    global _checked
-    if not _checked:  # every contender create asks: no lock once the check has run
-        with _check_lock:
-            if not _checked:
-                found = _check_write_path()
-                if found is not None:
-                    hook_differs(*found)
-                _checked = True
-    return differing_hook()
-
-
-def _check_write_path() -> tuple[str, str] | None:
-    """(hook, what differs) for the first hook whose shape differs, or None."""
-    for owner, name, expected in WRITE_PATH_METHODS:
-        hook = f"{owner.__name__}.{name}"
-        method = getattr(owner, name, None)
-        if not callable(method):
-            return hook, "missing"
-        try:
-            parameters = tuple(inspect.signature(method).parameters)[1:]
-        except (TypeError, ValueError):
-            return hook, "no signature"
-        if parameters != expected:
-            return hook, f"parameters {parameters}, expected {expected}"
-    client = KazooClient(hosts="127.0.0.1:1")
-    connection = client._connection
-    for hook, value, kind in (
-        ("KazooClient._queue", getattr(client, "_queue", None), deque),
-        ("KazooClient._pending", getattr(client, "_pending", None), deque),
-        ("ConnectionHandler._xid", getattr(connection, "_xid", 0), (int, type(None))),
-    ):
-        if not isinstance(value, kind):
-            return hook, f"is {type(value).__name__}"
-    if not callable(getattr(getattr(client, "_stopped", None), "is_set", None)):
-        return "KazooClient._stopped", "not an event"
-    return _check_pairing()
-
-
-def _check_pairing() -> tuple[str, str] | None:
-    """Run one request through kazoo's own ``_send_request`` and ``_read_response`` on a
-    socket pair, as kazoo's connection thread would: the ``_pending`` entry, the ``_xid`` and
-    the bytes written must be what :class:`DirectSendClient` writes and appends itself."""
-    ours, server = socket.socketpair()
-    wake_read, wake_write = socket.socketpair()
-    try:
-        ours.setblocking(False)
-        handler = PollingThreadingHandler()
-        request, answer = Exists("/shape-check", None), handler.async_result()
-        connection = ConnectionHandler.__new__(ConnectionHandler)
-        connection.handler, connection.logger = handler, _log
-        connection._socket, connection._read_sock, connection._xid = ours, wake_read, 0
-        connection.client = stub = SimpleNamespace(
-            _queue=deque([(request, answer)]),
-            _pending=deque(),
-            _stopped=threading.Event(),
-            last_zxid=0,
-        )
-        wake_write.send(b"\0")  # kazoo's _call wakes its connection thread with one byte
-        connection._send_request(1.0, 1.0)
-        entry = tuple(stub._pending[0]) if len(stub._pending) == 1 else None
-        if stub._queue or entry != (request, answer, 1) or connection._xid != 1:
-            return "KazooClient._pending", f"kazoo's send left {list(stub._pending)!r}"
-        body = bytes(request.serialize())
-        expected = DIRECT_HEADER.pack(len(body) + 8, 1, request.type) + body
-        server.settimeout(1.0)
-        if server.recv(len(expected) + 64) != expected:
-            return "ConnectionHandler._send_request", "kazoo writes a request differently"
-        stat = ZnodeStat._make(range(1, 12))
-        connection._read_response(ReplyHeader(1, 7, 0), stat_struct.pack(*stat), 0)
-        if stub._pending or not answer.ready() or answer.get(block=False) != stat:
-            return "ConnectionHandler._read_response", "the answer was not paired with it"
-    except Exception as exc:  # any difference that breaks the probe itself
-        return "KazooClient._pending", f"{type(exc).__name__}: {exc}"
-    finally:
-        for sock in (ours, server, wake_read, wake_write):
-            sock.close()
-    return None
-
-
 def use_direct_socket_io(client: KazooClient) -> bool:
     """Give a not yet started threading ``client`` socket I/O that polls only when the socket
-    would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`) and, if it is
-    kazoo's own ``KazooClient``, requests written by the thread that makes them
-    (:class:`~celery_zklock.kazoo_handler.DirectSendClient`). True if it now has the socket
-    I/O; False (unchanged) for a started client or another connection class, and when a hook
-    of kazoo's these rely on differs (:func:`write_path_hooks_differ`)."""
+    would block (:class:`~celery_zklock.kazoo_handler.DirectSocketConnection`). True if it now
+    has it; False (unchanged) for a started client or another connection class."""
     connection = client._connection
     if type(connection) is DirectSocketConnection:
         return True
@@ -287,14 +128,10 @@ def use_direct_socket_io(client: KazooClient) -> bool:
         type(connection) is not ConnectionHandler
         or not isinstance(client.handler, PollingThreadingHandler)
         or not client._stopped.is_set()
-        or write_path_hooks_differ() is not None
     ):
         return False
-    # Same objects, more methods: the only state added is the connection's send lock.
+    # Same object, other methods: _read and _write try the socket before they poll.
     connection.__class__ = DirectSocketConnection
-    if type(client) is KazooClient and _direct_writes:
-        client.__class__ = DirectSendClient
-        connection.enable_direct_sends()
     return True
 
 
@@ -429,25 +266,8 @@ def create_node_async(client: Any, path: str, data: bytes) -> Any:
     """Send a ``create2`` of an ephemeral sequential node at ``path`` (the server appends the
     sequence number); kazoo's async result gives ``(full path, stat)``: pass the path through
     ``client.unchroot``. The same request as ``client.create_async(path, data,
-    ephemeral=True, sequence=True, include_data=True)``, answered on the connection thread
-    (through that call, and the path made full again, when a hook of kazoo's write path
-    differs: :func:`write_path_hooks_differ`)."""
+    ephemeral=True, sequence=True, include_data=True)``, answered on the connection thread."""
     result = client.handler.async_result()
-    if write_path_hooks_differ() is not None:
-        chroot = client.chroot or ""
-
-        def made(created: Any) -> None:
-            try:
-                node, stat = created.get(block=False)
-            except Exception as exc:
-                result.set_exception(exc)
-            else:
-                result.set((chroot + node, stat))
-
-        client.create_async(path, data, ephemeral=True, sequence=True, include_data=True).rawlink(
-            made
-        )
-        return result
     request = Create2(
         client.chroot + path if client.chroot else path,
         data,

@@ -4,6 +4,7 @@ error that names TLS or SASL and the setting to fix, never a bare timeout."""
 
 from __future__ import annotations
 
+import ssl
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,9 +52,7 @@ def test_sasl_login_and_creator_acl(zk_secure_server: ZooKeeperServer) -> None:
     path = f"/sasl-{uuid.uuid4().hex[:8]}"
     lease = Mutex(client, path).acquire()
     try:
-        # written by this thread (kazoo_handler.DirectSendClient), only after the SASL login:
-        # the node belongs to alice
-        assert client._connection._direct_sends is True
+        # written only after the SASL login: the node belongs to alice
         acls, _ = client.get_acls(lease.node)
         assert ("sasl", "alice") in {(a.id.scheme, a.id.id) for a in acls}
         bob = KazooClient(hosts=server.hosts, sasl_options=sasl(server, "bob"))
@@ -84,8 +83,8 @@ def test_tls_with_verification_on_a_tls_only_server(zk_tls_only_server: ZooKeepe
     lease = Mutex(client, f"/tls-{uuid.uuid4().hex[:8]}").acquire()
     assert lease.token > 0
     lease.release()
-    # OpenSSL forbids writing while another thread reads: kazoo's connection thread writes
-    assert client._connection._direct_sends is False
+    # a TLS socket: DirectSocketConnection leaves its reads and writes to kazoo's own path
+    assert isinstance(client._connection._socket, ssl.SSLSocket)
 
 
 def test_an_untrusted_ca_fails_clearly(zk_tls_only_server: ZooKeeperServer) -> None:

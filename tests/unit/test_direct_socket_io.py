@@ -142,6 +142,7 @@ def test_a_closed_socket_is_a_dropped_connection(
 def test_the_library_s_threading_clients_get_it_and_others_do_not() -> None:
     client = new_client(ClientConfig(hosts="127.0.0.1:1"))
     assert type(client._connection) is DirectSocketConnection
+    assert type(client) is KazooClient  # kazoo's own client: requests take its write path
     gevent_like = KazooClient("127.0.0.1:1")  # kazoo's own handler: left as it is
     assert adapter.use_direct_socket_io(gevent_like) is False
     assert type(gevent_like._connection) is ConnectionHandler
