@@ -8,10 +8,11 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   ``timeOut`` on the connection object *before* kazoo reports CONNECTED. A client that connected
   before this module was imported has no such record: :func:`force_reconnect` makes it reconnect
   (same session) so the next handshake is seen.
-- **The create of a contender node without a thread hop.** ``KazooClient.create_async`` hands
-  its answer to kazoo's callback thread, which copies it into the result the caller waits on:
-  one more thread wake-up per lock. :func:`create_node_async` sends kazoo's own ``Create2``
-  through ``KazooClient._call``, so the connection thread sets the caller's result directly.
+- **The create of a contender node without a thread hop** (shape checked, below).
+  ``KazooClient.create_async`` hands its answer to kazoo's callback thread, which copies it
+  into the result the caller waits on: one more thread wake-up per lock.
+  :func:`create_node_async` sends kazoo's own ``Create2`` through ``KazooClient._call``, so the
+  connection thread sets the caller's result directly.
 - **A node and its new parent in one request**: :func:`create_node_and_parent_async` sends a
   ``multi`` of ``createContainer`` and ``create2``, which kazoo's ``TransactionRequest`` cannot
   hold (it knows neither opcode, nor their answers).
@@ -34,6 +35,14 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
 :data:`PRIVATE_HOOKS` lists every attribute used here; ``tests/unit/test_lease_clock.py`` checks
 that the installed kazoo still has them, so an upgrade that removes one fails loudly in the tests.
 
+**Shapes checked before use.** The two speed hooks that have a public way round them are checked
+once per process, when the first client is prepared (:func:`hook_that_differs`): the parameters
+of ``KazooClient._call`` (the contender create) and of ``ConnectionHandler._read`` and ``_write``
+(the socket I/O). If one differs from what this module was written against, the contender create
+goes through ``client.create_async`` and clients keep kazoo's own socket I/O, and one warning per
+process names the hook and kazoo's version. The other hooks have no public equivalent: their
+presence is checked by the tests and their behaviour by the contract tests.
+
 ``tests/recipes/test_kazoo_contract.py`` exercises the client's request path with
 :func:`use_direct_socket_io`'s socket I/O on a real ZooKeeper (answers paired under concurrency,
 reconnects, a stop); ``make test-kazoo`` runs it against every supported kazoo minor version.
@@ -41,8 +50,11 @@ reconnects, a stop); ``make test-kazoo`` runs it against every supported kazoo m
 
 from __future__ import annotations
 
+import inspect
+import logging
 import socket
 import threading
+from importlib.metadata import version
 from typing import Any, ClassVar, Final
 
 from kazoo.client import KazooClient
@@ -88,8 +100,43 @@ TTL_FLAGS: Final = 5
 DATA_WATCHES: Final = 2
 _NEGOTIATED_ATTR: Final = "_zklock_negotiated_timeout"
 
+#: The parameters each checked hook had when this module was written (kazoo 2.9 to 2.11).
+HOOK_SHAPES: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
+    (KazooClient, "_call", ("self", "request", "async_object")),
+    (ConnectionHandler, "_read", ("self", "length", "timeout")),
+    (ConnectionHandler, "_write", ("self", "msg", "timeout")),
+)
+
+logger = logging.getLogger(__name__)
 _hook_lock = threading.Lock()
 _hook_installed = False
+_shape_checked = False
+_differing: str | None = None
+
+
+def hook_that_differs() -> str | None:
+    """The first checked hook (``"KazooClient._call"``, say) whose parameters differ from
+    :data:`HOOK_SHAPES` in the installed kazoo, or None. Checked once per process; the first
+    difference found is logged once as a warning, and the callers take kazoo's public path."""
+    global _shape_checked, _differing
+    if _shape_checked:
+        return _differing
+    with _hook_lock:
+        if not _shape_checked:
+            for owner, name, expected in HOOK_SHAPES:
+                found = tuple(
+                    inspect.signature(getattr(owner, name, None) or (lambda: None)).parameters
+                )
+                if found != expected:
+                    _differing = f"{owner.__name__}.{name}"
+                    logger.warning(
+                        "kazoo %s: %s takes %s, not %s as celery-zklock expects; using kazoo's "
+                        "public path instead (correct, a little slower)",
+                        version("kazoo"), _differing, found, expected,
+                    )  # fmt: skip
+                    break
+            _shape_checked = True
+    return _differing
 
 
 def install_connect_hook() -> None:
@@ -124,6 +171,8 @@ def use_direct_socket_io(client: KazooClient) -> bool:
     connection = client._connection
     if type(connection) is DirectSocketConnection:
         return True
+    if hook_that_differs() is not None:
+        return False
     if (
         type(connection) is not ConnectionHandler
         or not isinstance(client.handler, PollingThreadingHandler)
@@ -268,6 +317,21 @@ def create_node_async(client: Any, path: str, data: bytes) -> Any:
     ``client.unchroot``. The same request as ``client.create_async(path, data,
     ephemeral=True, sequence=True, include_data=True)``, answered on the connection thread."""
     result = client.handler.async_result()
+    if hook_that_differs() is not None:
+        chroot = client.chroot or ""
+
+        def made(created: Any) -> None:
+            try:
+                node, stat = created.get(block=False)
+            except Exception as exc:
+                result.set_exception(exc)
+            else:
+                result.set((chroot + node, stat))
+
+        client.create_async(path, data, ephemeral=True, sequence=True, include_data=True).rawlink(
+            made
+        )
+        return result
     request = Create2(
         client.chroot + path if client.chroot else path,
         data,

@@ -10,6 +10,7 @@ request is a wrong value, not merely a late one."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -268,3 +269,55 @@ def test_a_stop_settles_every_request_in_flight_and_nothing_hangs(
     finally:
         client.stop()
         client.close()
+
+
+def test_the_installed_kazoo_has_the_hook_shapes_the_adapter_expects() -> None:
+    """Run on every supported kazoo by ``make test-kazoo``: none of them takes the fallback."""
+    assert adapter.hook_that_differs() is None
+
+
+@pytest.fixture
+def changed_call(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``KazooClient._call`` with another shape (as a kazoo release might give it), and the
+    adapter's once-per-process check made anew before and after."""
+    original = KazooClient._call
+
+    def _call(self: Any, request: Any, async_object: Any, priority: int = 0) -> Any:
+        return original(self, request, async_object)
+
+    monkeypatch.setattr(KazooClient, "_call", _call)
+    monkeypatch.setattr(adapter, "_shape_checked", False)
+    monkeypatch.setattr(adapter, "_differing", None)
+    yield
+    monkeypatch.undo()
+    adapter._shape_checked, adapter._differing = False, None
+
+
+def test_a_hook_of_another_shape_falls_back_to_kazoos_path_with_one_warning(
+    changed_call: None, zk_hosts: str, lock_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_zklock import Mutex
+
+    caplog.set_level("WARNING", logger=adapter.__name__)
+    clients = [_client(zk_hosts) for _ in range(2)]
+    try:
+        # kazoo's own socket I/O: the connection class was left alone.
+        assert all(type(c._connection) is not DirectSocketConnection for c in clients)
+        first, second = (Mutex(c, f"{lock_root}/k") for c in clients)
+        lease = first.acquire(timeout=5)
+        assert second.acquire(blocking=False) is None  # still excludes
+        node, token = lease.node, lease.token
+        assert clients[0].exists(node).czxid == token  # the create went through, token exact
+        lease.release()
+        again = second.acquire(timeout=5)
+        assert again.token > token
+        again.release()
+        # Nothing left behind (the empty container parent may already be reaped).
+        with contextlib.suppress(NoNodeError):
+            assert clients[0].get_children(f"{lock_root}/k") == []
+    finally:
+        for c in clients:
+            c.stop()
+            c.close()
+    warnings = [r for r in caplog.records if "KazooClient._call" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
