@@ -228,14 +228,19 @@ def test_a_stop_settles_every_request_in_flight_and_nothing_hangs(
     try:
         client.ensure_path(lock_root)
         connection = client._connection
-        release = threading.Event()
+        release, parked = threading.Event(), threading.Event()
         read_socket = connection._read_socket
 
         def held_back(read_timeout: float) -> Any:  # the connection thread
+            parked.set()
             release.wait(ANSWER_WITHIN)
             return read_socket(read_timeout)
 
         connection._read_socket = held_back
+        # One request whose answer parks the connection thread in held_back: from then on no
+        # answer is read (on a loaded machine a read already under way took answers before).
+        client.exists_async(lock_root)
+        assert parked.wait(ANSWER_WITHIN), "the connection thread never read again"
         chains = [_chains(lock_root, thread, 0) for thread in range(THREADS)]
         senders = [
             threading.Thread(target=lambda batch=batch: [c.send(client) for c in batch])
