@@ -12,7 +12,12 @@ all on one Redis; see :mod:`benchmarks.common`):
 6. :mod:`benchmarks.enqueue` - what ``apply_async`` costs the caller with enqueue-time dedupe,
    ours vs plain, celery-singleton and celery-once (no worker);
 7. :mod:`benchmarks.task_layer` - the CPU a locked task call adds over the recipe's own cycle,
-   in one process, ZooKeeper pinned to one CPU and the caller to the other.
+   in one process, ZooKeeper pinned to one CPU and the caller to the other;
+8. :mod:`benchmarks.gate` - unrelated tasks' latency behind a hot key of ``wait`` tasks, the
+   worker's gate on and off (the load test's hot-key scenario, a stack of its own per run);
+9. :mod:`benchmarks.sizing` - the figures of ``docs/sizing.md`` on a 3-member ensemble of its
+   own: requests per locked task, the lease clock's traffic, lock cycles per second against a
+   bare create+delete, ZooKeeper's CPU per idle and per holding session.
 
 It writes ``benchmarks/results/latest.json`` (every figure, every repetition, the machine) and
 ``benchmarks/results/latest.md`` (the tables, the targets first), and prints the Markdown. A
@@ -30,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,9 +47,11 @@ from benchmarks import (
     celery_fleet,
     contention,
     enqueue,
+    gate,
     herd,
     recipes,
     scale,
+    sizing,
     task_layer,
     variants,
 )
@@ -59,8 +67,20 @@ from benchmarks.common import (
 from benchmarks.report import render_markdown, targets
 from celery_zklock.validate import argument, positive_int
 
+#: Sections that start their own ZooKeeper (and get None for the section's server).
+OWN_STACK = frozenset({"gate", "sizing"})
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("recipes", "contention", "herd", "celery", "scale", "enqueue", "tasklayer")
+SECTIONS = (
+    "recipes",
+    "contention",
+    "herd",
+    "celery",
+    "scale",
+    "enqueue",
+    "tasklayer",
+    "gate",
+    "sizing",
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,17 @@ class Sizes:
     enqueue_warmup: int = 100
     task_layer_calls: int = 2000
     task_layer_warmup: int = 300
+    gate_tasks: int = 8
+    gate_unrelated: int = 20
+    gate_hold_ms: int = 1000
+    sizing_calls: int = 200
+    sizing_warmup: int = 50
+    sizing_window_s: float = 10.0
+    sizing_cpu_window_s: float = 20.0
+    sizing_cycle_processes: tuple[int, ...] = (1, 8)
+    sizing_cycle_seconds: float = 5.0
+    sizing_sessions: int = 300
+    sizing_session_processes: int = 4
 
 
 FULL = Sizes()
@@ -102,6 +133,17 @@ QUICK = Sizes(
     enqueue_warmup=10,
     task_layer_calls=100,
     task_layer_warmup=20,
+    gate_tasks=4,
+    gate_unrelated=10,
+    gate_hold_ms=300,
+    sizing_calls=20,
+    sizing_warmup=5,
+    sizing_window_s=3.0,
+    sizing_cpu_window_s=3.0,
+    sizing_cycle_processes=(2,),
+    sizing_cycle_seconds=1.0,
+    sizing_sessions=40,
+    sizing_session_processes=2,
 )
 
 
@@ -110,7 +152,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks",
         description="Side-by-side benchmarks of celery-zklock on a local ZooKeeper and Redis "
         "started for the run: recipes, contention, herd, Celery task throughput, scale, "
-        "apply_async with enqueue-time dedupe.",
+        "apply_async with enqueue-time dedupe, the task layer, the gate on and off, sizing "
+        "figures on a 3-member ensemble.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="small sizes, under two minutes (a smoke run)"
@@ -231,12 +274,32 @@ def _run_sections(
             progress=progress,
             variant_names=variant_names,
         ),
+        "gate": lambda zk: gate.run_section(
+            tasks=sizes.gate_tasks,
+            unrelated=sizes.gate_unrelated,
+            hold_ms=sizes.gate_hold_ms,
+            repeats=sizes.repeats,
+            progress=progress,
+        ),
+        "sizing": lambda zk: sizing.run_section(
+            calls=sizes.sizing_calls,
+            warmup=sizes.sizing_warmup,
+            window_s=sizes.sizing_window_s,
+            cpu_window_s=sizes.sizing_cpu_window_s,
+            cycle_processes=sizes.sizing_cycle_processes,
+            cycle_seconds=sizes.sizing_cycle_seconds,
+            sessions=sizes.sizing_sessions,
+            session_processes=sizes.sizing_session_processes,
+            repeats=sizes.repeats,
+            progress=progress,
+        ),
     }
     for name in names:
         progress(f"=== section {name}")
         started = time.monotonic()
         try:
-            with zookeeper(name) as zk:
+            # gate and sizing start stacks of their own: no idle standalone server beside them.
+            with nullcontext() if name in OWN_STACK else zookeeper(name) as zk:
                 sections[name] = runners[name](zk)
         except Exception:
             text = traceback.format_exc()

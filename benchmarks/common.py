@@ -63,6 +63,7 @@ PRELOAD = (
     "benchmarks.contention",
     "benchmarks.herd",
     "benchmarks.scale",
+    "benchmarks.sizing",
 )
 
 Progress = Callable[[str], None]

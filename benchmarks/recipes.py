@@ -30,7 +30,7 @@ from benchmarks.common import (
     redis_server,
     zookeeper,
 )
-from celery_zklock import Mutex, ReadWriteLock
+from celery_zklock import Mutex, RateLimit, ReadWriteLock
 
 DEFAULT_ITERATIONS = 300
 DEFAULT_REPEATS = 5
@@ -39,6 +39,9 @@ DEFAULT_WARMUP = 150
 TARGET_RATIO = 1.2
 #: ... and be at least this many times faster than kazoo's Lock on fresh keys (p50).
 TARGET_VS_KAZOO = 2.0
+#: The rate of the admission cases: more than a cycle can reach on one key, so every one is
+#: admitted and the reused key keeps about a second of admissions (old ones go at each decision).
+RATE = "1000/s"
 #: Deadline of one acquire in a cycle; an uncontended acquire that takes this long is a failure.
 ACQUIRE_TIMEOUT_S = 10.0
 
@@ -101,6 +104,24 @@ def _rw(base: str, side: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]
     return make
 
 
+def _rate(base: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
+    """One RateLimit admission per cycle, under a rate no cycle reaches (always admitted): the
+    decision's turn (a Mutex cycle), the admission node, the read of the others, and on a
+    reused key the removal of those older than the period."""
+
+    def make(clients: Clients, rep: str) -> Cycle:
+        client = clients.zk
+
+        def cycle(i: int) -> None:
+            path = f"{base}/r{rep}k{i}" if fresh else f"{base}/key"
+            if not RateLimit(client, path, RATE).acquire(timeout=ACQUIRE_TIMEOUT_S):
+                raise RuntimeError(f"RateLimit on {path} did not admit")
+
+        return cycle
+
+    return make
+
+
 def _kazoo(base: str, *, fresh: bool) -> Callable[[Clients, str], Cycle]:
     def make(clients: Clients, rep: str) -> Cycle:
         client = clients.zk
@@ -156,6 +177,12 @@ CASES: tuple[Case, ...] = (
         "our ReadWriteLock.read, one reused key",
         _rw("/bench/rw-read-reused", "read", fresh=False),
     ),
+    Case("rate-fresh", "our RateLimit admission, new key", _rate("/bench/rate", fresh=True)),
+    Case(
+        "rate-reused",
+        "our RateLimit admission, one reused key (1000/s: old ones removed)",
+        _rate("/bench/rate-reused", fresh=False),
+    ),
     Case("kazoo-fresh", "kazoo Lock, new key each cycle", _kazoo("/bench/kazoo", fresh=True)),
     Case("kazoo-reused", "kazoo Lock, one reused key", _kazoo("/bench/kazoo-reused", fresh=False)),
     Case("redis-fresh", "redis-py Lock, new key each cycle", _redis("bench:redis", fresh=True)),
@@ -172,6 +199,8 @@ ROOTS = (
     "/bench/rw-write-reused",
     "/bench/rw-read",
     "/bench/rw-read-reused",
+    "/bench/rate",
+    "/bench/rate-reused",
     "/bench/kazoo",
     "/bench/kazoo-reused",
 )

@@ -14,6 +14,7 @@ from benchmarks.celery_fleet import (
     TARGET_CPU_TASK_VS_PLAIN,
     TARGET_VS_PLAIN,
 )
+from benchmarks.gate import TARGET_P95_S
 from benchmarks.herd import TARGET_PER_RELEASE
 from benchmarks.recipes import TARGET_RATIO, TARGET_VS_KAZOO
 from benchmarks.task_layer import TARGET_TASK_LAYER_MS
@@ -194,6 +195,21 @@ def _task_layer_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _gate_targets(section: dict[str, Any]) -> list[dict[str, Any]]:
+    results, config = section["results"], section["config"]
+    on, off = results["on"]["p95_s"], results["off"]["p95_s"]
+    return [
+        _target(
+            "8",
+            f"{config['unrelated']} unrelated tasks behind {config['tasks']} wait calls on one "
+            f"key ({config['hold_ms']} ms each), one prefork worker x2: their p95 from send to "
+            f"result at most {TARGET_P95_S:g} s with the gate",
+            f"{_spread_cell(on, 3)} s (gate off: {_spread_cell(off, 3)} s)",
+            on["median"] <= TARGET_P95_S,
+        )
+    ]
+
+
 def _scale_targets(section: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
     ours = section["ours"]
     keys = ours["keys"]
@@ -217,6 +233,7 @@ def targets(sections: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
         ("herd", _herd_targets),
         ("celery", _celery_targets),
         ("tasklayer", _task_layer_targets),
+        ("gate", _gate_targets),
     )
     rows: list[dict[str, Any]] = []
     for name, check in checks:
@@ -568,6 +585,140 @@ def _task_layer_md(section: dict[str, Any]) -> list[str]:
     ]
 
 
+def _gate_md(section: dict[str, Any]) -> list[str]:
+    config, results = section["config"], section["results"]
+    rows = [
+        [
+            f"gate {name}",
+            *(_spread_cell(entry[figure], 3) for figure in ("p50_s", "p95_s", "p99_s", "max_s")),
+            _spread_cell(entry["held_max"], 0),
+            _spread_cell(entry["run_s"], 1),
+        ]
+        for name, entry in results.items()
+    ]
+    return [
+        f"{config['worker']}; {config['tasks']} exclusive `wait` calls on one key holding "
+        f"{config['hold_ms']} ms each and {config['unrelated']} unrelated tasks of no lock "
+        "spread among them, sent at once: the load test's hot-key scenario (`python -m workers "
+        "loadtest --scenario hot-key --hot-share 1 --hold-spread 0 --gate on|off`), each run "
+        f"on a stack of its own and checked clean; {config['repeats']} repetitions, gate on and "
+        "off alternating first. Latency: from send to the unrelated task's stored result "
+        "(`date_done`). Held: the most messages the gate held at one look (asked every "
+        "second). Each cell: median [min .. max; IQR] over repetitions.",
+        "",
+        *_table(
+            ["run", "p50 s", "p95 s", "p99 s", "max s", "held at most", "run s"],
+            rows,
+        ),
+    ]
+
+
+def _sizing_md(section: dict[str, Any]) -> list[str]:
+    config = section["config"]
+    tasks, clock = section["requests_per_task"], section["lease_clock"]
+    cycles, cpu = section["lock_cycles"], section["session_cpu"]
+    load = ", ".join(f"{v:.2f}" for v in config["loadavg_at_start"])
+    load_end = ", ".join(f"{v:.2f}" for v in config["loadavg_at_end"])
+    lines = [
+        f"One 3-member ensemble of this section's own (fsync on, tickTime 200 ms), "
+        f"{config['repeats']} repetitions; load average {load} at the start, {load_end} at the "
+        "end. Each cell: median [min .. max; IQR q1 .. q3] over repetitions. Method and "
+        "reading: docs/sizing.md.",
+        "",
+        f"Requests per locked task ({tasks['calls']} calls per repetition, a fresh key each, "
+        f"session timeout 10 s; {tasks['how']}):",
+        "",
+    ]
+    rows = []
+    for kind, entry in tasks["results"].items():
+        types = ", ".join(
+            f"{name} {value['median']:g}"
+            for name, value in entry["client"].items()
+            if name != "total" and value["median"]
+        )
+        gate = entry.get("gate", {}).get("total")
+        rows.append(
+            [
+                kind,
+                _spread_cell(entry["client"]["total"]),
+                _spread_cell(entry["server_packets"]),
+                types,
+                "-" if gate is None else _spread_cell(gate),
+            ]
+        )
+    lines += _table(
+        ["task", "client requests", "server packets", "by type", "of them the gate's"], rows
+    )
+    lines += [
+        "",
+        f"The lease clock of one session (T = {clock['session_timeout_s']:g} s, renewal every "
+        f"{clock['renew_interval_s']:g} s), over {clock['window_s']:g} s windows once renewals "
+        "run:",
+        "",
+    ]
+    rows = []
+    for count, entry in clock["results"].items():
+        types = ", ".join(
+            f"{name} {value['median']:.2f}"
+            for name, value in entry["client"].items()
+            if name != "total"
+        )
+        rows.append(
+            [
+                count,
+                _spread_cell(entry["client"].get("total")),
+                _spread_cell(entry["server_packets_per_s"]),
+                types or "-",
+            ]
+        )
+    lines += _table(["locks held", "client requests/s", "server packets/s", "by type"], rows)
+    lines += [
+        "",
+        f"Lock cycles per second ({cycles['how']}; {cycles['duration_s']:g} s per run; "
+        f"published ceiling {config['published_cycles_per_s']:,.0f}/s on 3 servers):",
+        "",
+    ]
+    rows = [
+        [
+            processes,
+            _spread_cell(entry["cycles_per_s"]["mutex"], 0),
+            _spread_cell(entry["cycles_per_s"]["floor"], 0),
+            _spread_cell(entry["mutex_vs_floor"]),
+        ]
+        for processes, entry in cycles["results"].items()
+    ]
+    lines += _table(["processes", "Mutex cycles/s", "floor cycles/s", "Mutex / floor"], rows)
+    results = cpu["results"]
+    lines += [
+        "",
+        f"ZooKeeper's CPU per session: {cpu['sessions']} sessions in {cpu['processes']} "
+        f"processes, {cpu['window_s']:g} s windows, all three JVMs, less a window with no "
+        f"session (that one: {_spread_cell(results['no_sessions_zk_ms_per_s'], 1)} ms/s):",
+        "",
+    ]
+    rows = [
+        [
+            state,
+            _spread_cell(results[state]["zk_cpu_ms_per_session_s"], 4),
+            _spread_cell(results[state]["zk_core_share_per_1000"], 3),
+            _spread_cell(results[state]["client_cpu_ms_per_session_s"], 4),
+            _spread_cell(results[state]["packets_per_session_s"], 3),
+        ]
+        for state in ("idle", "holding")
+    ]
+    lines += _table(
+        [
+            "sessions",
+            "ZooKeeper CPU ms/s per session",
+            "cores per 1,000 sessions",
+            "client CPU ms/s per session",
+            "packets/s per session",
+        ],
+        rows,
+    )
+    return lines
+
+
 SECTION_TITLES = {
     "recipes": "1. Recipe level, uncontended: acquire + release",
     "contention": "2. Contention on one key",
@@ -576,6 +727,8 @@ SECTION_TITLES = {
     "scale": "5. Scale: distinct keys through the lock",
     "enqueue": "6. Enqueue: what apply_async with dedupe costs the caller",
     "tasklayer": "7. Task layer: what a locked task call adds over the recipe, in one process",
+    "gate": "8. Gate: unrelated tasks behind a hot key of waiting tasks, gate on and off",
+    "sizing": "9. Sizing: requests per task, lease clock, cycles on 3 servers, CPU per session",
 }
 RENDERERS = {
     "recipes": _recipes_md,
@@ -585,6 +738,8 @@ RENDERERS = {
     "scale": _scale_md,
     "enqueue": _enqueue_md,
     "tasklayer": _task_layer_md,
+    "gate": _gate_md,
+    "sizing": _sizing_md,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from celery_zklock import gate as _gate  # noqa: F401  (adds the gate to workers)
 from celery_zklock.dedupe import AlreadyQueued
 from celery_zklock.errors import (
     ConfigurationError,
@@ -14,7 +15,15 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.keys import LockKeyError
-from celery_zklock.locks import Lease, LimitMismatch, Mutex, ReadWriteLock, Semaphore
+from celery_zklock.locks import (
+    Lease,
+    LimitMismatch,
+    MultiLock,
+    Mutex,
+    RateLimit,
+    ReadWriteLock,
+    Semaphore,
+)
 from celery_zklock.policy import is_skipped
 from celery_zklock.task import ZkLockTask
 
@@ -30,7 +39,9 @@ __all__ = [
     "LockKeyError",
     "LockLost",
     "LockTimeout",
+    "MultiLock",
     "Mutex",
+    "RateLimit",
     "ReadWriteLock",
     "Semaphore",
     "ZkLockError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import urllib.parse
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any, Final
 from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.validate import seconds, znode_path
+from celery_zklock.validate import seconds, short_repr, znode_path
 
 DEFAULT_ROOT: Final = "/zklock"
 """``zklock_root``."""
@@ -83,6 +84,8 @@ class ClientConfig:
                 "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
                 "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
             )
+        if not self.factory:
+            host_ports(self.hosts)
         seconds("zklock_session_timeout", self.session_timeout)
         seconds("zklock_connect_timeout", self.connect_timeout)
         if self.handler not in ("threading", "gevent"):
@@ -109,6 +112,48 @@ class ClientConfig:
             raise ConfigurationError(
                 f"zklock_client_factory must be 'module:callable', got {self.factory!r}"
             )
+
+
+DEFAULT_PORT: Final = 2181
+"""The port of a ``zklock_hosts`` entry that names none."""
+
+
+def host_ports(hosts: str) -> list[tuple[str, int]]:
+    """``(host, port)`` of every entry of a ZooKeeper connection string
+    ``host[:port][,host[:port]...][/chroot]`` (port :data:`DEFAULT_PORT` when an entry has none,
+    an IPv6 address in brackets), read as kazoo reads it.
+
+    Raises :class:`ConfigurationError` naming ``zklock_hosts`` and the entry: an empty entry, a
+    port that is not a number from 1 to 65535, a chroot that is not a znode path. kazoo would
+    raise a bare ``ValueError`` at connect time for these, which reads as ZooKeeper being down.
+    """
+    text, slash, chroot = hosts.partition("/")
+    example = "e.g. 'zk1:2181,zk2:2181,zk3:2181'"
+    if slash and chroot:
+        znode_path("zklock_hosts' chroot", f"/{chroot}")
+    found = []
+    for entry in text.split(","):
+        parts = urllib.parse.urlsplit(f"zk://{entry.strip()}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        problem = None
+        if not parts.hostname:
+            problem = "it names no host"
+        elif port == 0:
+            problem = "its port is not a number from 1 to 65535"
+        elif parts.query or parts.fragment or "@" in parts.netloc or " " in parts.hostname:
+            problem = "it is not host[:port]"
+        if problem is not None:
+            raise ConfigurationError(
+                f"zklock_hosts (env ZKLOCK_HOSTS) {short_repr(hosts)}: the entry "
+                f"{short_repr(entry.strip())} is not valid ({problem}); give host:port entries "
+                f"separated by commas, {example}"
+            )
+        assert parts.hostname is not None
+        found.append((parts.hostname, port or DEFAULT_PORT))
+    return found
 
 
 def lock_root(conf: Mapping[str, Any]) -> str:
@@ -294,3 +339,57 @@ def _gevent_patched() -> bool:
     from gevent import monkey
 
     return bool(monkey.is_module_patched("socket"))
+
+
+DEFAULT_GATE_MAX_HELD: Final = 1000
+"""``zklock_gate_max_held``: messages a worker's gate holds while it keeps fetching more."""
+DEFAULT_BROKER_TIMEOUT: Final = {"redis": 3600.0, "amqp": 1800.0}
+"""Seconds after which a broker hands an unacknowledged message out again (Redis and SQS:
+``visibility_timeout``, 1 h unless set; RabbitMQ: the server's ``consumer_timeout``, 30 min by
+default, which it does not tell its clients), by transport family."""
+_VISIBILITY_TRANSPORTS: Final = frozenset({"redis", "rediss", "sentinel", "sqs"})
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The worker gate's settings (:mod:`celery_zklock.gate`): ``enabled`` (``zklock_gate``,
+    on unless False), ``max_held`` (``zklock_gate_max_held``: past it a held message no longer
+    raises the worker's prefetch, so the worker stops fetching rather than grow without bound)
+    and ``max_hold``: the longest a message is held before it goes to the pool whatever its
+    ``lock_timeout`` (``zklock_gate_max_hold``; default 80% of the broker's redelivery timeout,
+    so that a held message is never handed out again while it waits)."""
+
+    enabled: bool
+    max_held: int
+    max_hold: float
+
+
+def gate_config(conf: Mapping[str, Any]) -> GateConfig:
+    """The gate's settings of an app's ``conf``; ConfigurationError naming a bad one."""
+    max_held = setting(conf, "zklock_gate_max_held", DEFAULT_GATE_MAX_HELD)
+    try:
+        max_held = int(max_held)
+        if max_held < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"zklock_gate_max_held must be a whole number >= 0, got {max_held!r}"
+        ) from None
+    explicit = setting(conf, "zklock_gate_max_hold")
+    if explicit is not None:
+        max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
+    else:
+        max_hold = 0.8 * broker_redelivery_timeout(conf)
+    return GateConfig(_flag(conf, "zklock_gate", True), max_held, max_hold)
+
+
+def broker_redelivery_timeout(conf: Mapping[str, Any]) -> float:
+    """Seconds after which the app's broker hands out again a message received and not yet
+    acknowledged: the ``visibility_timeout`` transport option of Redis and SQS (1 h by
+    default), else RabbitMQ's default ``consumer_timeout`` (30 min)."""
+    url = str(conf.get("broker_url") or "")
+    scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
+    if scheme in _VISIBILITY_TRANSPORTS:
+        options = conf.get("broker_transport_options") or {}
+        return float(options.get("visibility_timeout", DEFAULT_BROKER_TIMEOUT["redis"]))
+    return DEFAULT_BROKER_TIMEOUT["amqp"]

@@ -50,6 +50,10 @@ class LockBusy(ZkLockError):
     """The lock was held by someone else and the task's policy is ``raise``."""
 
 
+class RateLimited(LockBusy):
+    """The lock's key is over its ``lock_rate``: the window admits no run now."""
+
+
 class ConfigurationError(ZkLockError, ValueError):
     """A lock option or setting is invalid; the message names the bad value and what to do."""
 

@@ -22,6 +22,7 @@ so it includes the time the run waited in the queue before it was granted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from celery_zklock.locks.identity import (
     with_break_request,
 )
 from celery_zklock.locks.queue import pipelined, read_queues
+from celery_zklock.locks.rate import ADMISSION_PREFIX, RATE_NODE
 from celery_zklock.options import TaskLockSpec
 from celery_zklock.session import get_client
 
@@ -144,6 +146,9 @@ class LockState:
     path: str
     entries: tuple[Entry, ...]
     limit: int | None = None
+    admissions: tuple[float, ...] = ()
+    """With ``lock_rate``: when the key's recorded admissions were made (ZooKeeper's clock,
+    oldest first): those of the last period, as of the key's last admission decision."""
 
     @property
     def holders(self) -> tuple[Entry, ...]:
@@ -251,20 +256,51 @@ def read_locks(
         for parent, found in zip(parents, keys, strict=True)
         for key in sorted(found or ())
     ]
-    return [state for state in _read_states(client, paths, deadline) if state.entries]
+    states = _with_admissions(client, _read_states(client, paths, deadline), deadline)
+    return [state for state in states if state.entries or state.admissions]
+
+
+def _with_admissions(
+    client: KazooClient, states: list[LockState], deadline: Deadline
+) -> list[LockState]:
+    """``states`` with the admissions their keys' rate limits recorded (two round trips)."""
+    rates = [f"{state.path}/{RATE_NODE}" for state in states]
+    listings = pipelined(client, [("children", rate) for rate in rates], deadline)
+    nodes = [
+        (index, f"{rates[index]}/{name}")
+        for index, names in enumerate(listings)
+        for name in names or ()
+        if name.startswith(ADMISSION_PREFIX)
+    ]
+    read = pipelined(client, [("get", node) for _, node in nodes], deadline)
+    made: dict[int, list[float]] = {}
+    for (index, _), answer in zip(nodes, read, strict=True):
+        if answer is not None:
+            made.setdefault(index, []).append(answer[1].ctime / 1000.0)
+    return [
+        dataclasses.replace(state, admissions=tuple(sorted(made[i]))) if i in made else state
+        for i, state in enumerate(states)
+    ]
 
 
 # -- a task's lock -----------------------------------------------------------------------------
 
 
-def lock_path(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+def lock_path(
+    task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], *, whole_call: bool = False
+) -> str:
     """The lock path a call of ``task`` (a ZkLockTask) with these arguments takes: the app's
-    ``zklock_root``, the task's lock name and the key its own key builder computes.
+    ``zklock_root``, the task's lock name and the key its own key builder computes. When
+    ``lock_key`` names parameters, the arguments of those are enough (``task.lock_path("x")``
+    for ``hold(k, seconds)`` with ``lock_key=["k"]``), unless ``whole_call`` (a call being sent
+    must fit the task's signature whole).
 
-    Raises LockKeyError (or what a callable ``lock_key`` raises) for arguments that make no key.
+    Raises TypeError naming a missing key argument or one that fits no parameter, LockKeyError
+    (or what a callable ``lock_key`` raises) for arguments that make no key.
     """
     spec: TaskLockSpec = task._zklock_compile(task.name)
-    return spec.path(settings_of(task.app).root, args, kwargs)
+    root = settings_of(task.app).root
+    return spec.path(root, args, kwargs) if whole_call else spec.key_path(root, args, kwargs)
 
 
 def lock_holders(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Holder, ...]:

@@ -27,6 +27,12 @@ Which value is hashed depends on the task's ``lock_key`` (a :data:`LockKeySpec`)
   format strings are retired (a callable does what they did, see ``docs/migration.md``).
 * a callable: called as ``fn(*args, **kwargs)`` with the task's call arguments; its return value is
   the canonical value. Exceptions it raises propagate unchanged.
+* a one-entry mapping ``{name: parameter}`` or ``{name: [parameter, ...]}`` (:class:`SeveralKeys`):
+  one key per listed parameter, each the key a task with ``lock_key=[name]`` gets for that value
+  (``lock_key={"account_id": ["src", "dst"]}`` locks the accounts ``src`` and ``dst`` as
+  ``sync_account(account_id)`` with ``lock_key=["account_id"]`` does, under a shared
+  ``lock_name``). Equal values give one key; the keys come sorted (see
+  ``docs/multilock-and-preempt.md``).
 
 Keys depend on the canonical value only, so tasks that share a ``lock_name`` share a lock for
 equal values even when one uses a list of names and the other a callable returning the same dict.
@@ -59,6 +65,7 @@ import reprlib
 import string
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 from celery_zklock.errors import ConfigurationError
@@ -68,6 +75,7 @@ __all__ = [
     "KeyBuilder",
     "LockKeyError",
     "LockKeySpec",
+    "SeveralKeys",
     "canonical_json",
     "check_lock_key_spec",
     "key_for_value",
@@ -85,10 +93,13 @@ HASH_LENGTH: Final = 32
 MAX_DEPTH: Final = 100
 """Deepest nesting of containers accepted in a value (deeper raises :class:`LockKeyError`)."""
 
-LockKeySpec: TypeAlias = Sequence[str] | str | Callable[..., object] | None
+LockKeySpec: TypeAlias = (
+    "Sequence[str] | str | Mapping[str, str | Sequence[str]] | SeveralKeys | Callable[..., object]"
+    " | None"
+)
 """What a task's ``lock_key`` may be: see the module docstring."""
 
-KeyKind = Literal["all", "names", "callable"]
+KeyKind = Literal["all", "names", "callable", "several"]
 
 # The JSON-like form every value is reduced to before it is encoded.
 _Json: TypeAlias = "bool | int | str | list[_Json] | dict[str, _Json] | None"
@@ -125,6 +136,15 @@ class LockKeyError(ConfigurationError):
     argument (with the path inside it) and the offending type, and what to do instead. Retrying
     the same call fails the same way.
     """
+
+
+@dataclass(frozen=True)
+class SeveralKeys:
+    """A ``lock_key`` of several keys, normalised: one key per parameter of ``parameters``, each
+    the key of ``{name: value}`` (what ``lock_key=[name]`` gives for that value)."""
+
+    name: str
+    parameters: tuple[str, ...]
 
 
 class _Unencodable(Exception):
@@ -385,8 +405,10 @@ def check_lock_key_spec(
     that replaces it, with the task's parameters when ``signature`` is given). That names exist
     in the task's signature is checked by :class:`KeyBuilder`.
     """
-    if lock_key is None:
-        return None
+    if lock_key is None or isinstance(lock_key, SeveralKeys):
+        return lock_key
+    if isinstance(lock_key, Mapping):
+        return _several_keys(task_name, lock_key)
     if isinstance(lock_key, str):
         if "{" in lock_key:
             raise ConfigurationError(_format_string_retired(task_name, lock_key, signature))
@@ -410,8 +432,37 @@ def check_lock_key_spec(
     raise ConfigurationError(
         f"task {task_name!r}: lock_key={_short_repr.repr(lock_key)} of type "
         f"{_type_name(lock_key)} is not valid; give None (all arguments), a parameter name, a "
-        f"list of parameter names or a callable taking the task's arguments"
+        f"list of parameter names, a callable taking the task's arguments, or {{name: [parameter, "
+        f"...]}} for several keys"
     )
+
+
+def _several_keys(task_name: str, lock_key: Mapping[object, object]) -> SeveralKeys:
+    """``{name: parameter}`` or ``{name: [parameter, ...]}`` as a :class:`SeveralKeys`."""
+    usage = (
+        "a mapping lock_key has one entry, the key's name and the parameters that each give "
+        'one key, e.g. lock_key={"account_id": ["src", "dst"]}'
+    )
+    if len(lock_key) != 1:
+        raise ConfigurationError(
+            f"task {task_name!r}: lock_key has {len(lock_key)} entries; {usage}"
+        )
+    [(name, parameters)] = lock_key.items()
+    if isinstance(parameters, str):
+        parameters = (parameters,)
+    if (
+        not isinstance(name, str)
+        or not isinstance(parameters, Sequence)
+        or isinstance(parameters, bytes | bytearray)
+        or not parameters
+        or not all(isinstance(p, str) for p in parameters)
+    ):
+        raise ConfigurationError(
+            f"task {task_name!r}: lock_key={_short_repr.repr(dict(lock_key))} is not valid; {usage}"
+        )
+    if len(set(parameters)) != len(parameters):
+        raise ConfigurationError(f"task {task_name!r}: lock_key lists a parameter twice; {usage}")
+    return SeveralKeys(name, tuple(parameters))
 
 
 _FString: TypeAlias = tuple[str, list[str]]
@@ -496,16 +547,16 @@ class KeyBuilder:
         kind: KeyKind
         if spec is None:
             kind = "all"
-        elif isinstance(spec, tuple):
-            kind = "names"
-            for name in spec:
+        elif isinstance(spec, tuple | SeveralKeys):
+            kind = "names" if isinstance(spec, tuple) else "several"
+            self._names = spec if isinstance(spec, tuple) else spec.parameters
+            for name in self._names:
                 if name not in signature.parameters:
                     raise ConfigurationError(
                         f"task {task_name!r}: lock_key names {name!r}, which is not a "
                         f"parameter of the task; its parameters are: "
                         f"{_list(list(signature.parameters))}"
                     )
-            self._names = spec
         else:
             kind = "callable"
         self.kind: Final[KeyKind] = kind
@@ -544,19 +595,85 @@ class KeyBuilder:
         """Return the lock key of one call: ``<readable-prefix>~<32 hex>``.
 
         Raises ``TypeError`` (its message prefixed with the task name) when the arguments do not
-        fit the task's signature, :class:`LockKeyError` when a value has no stable encoding,
-        and whatever a callable ``lock_key`` raises.
+        fit the task's signature or give several keys (see :meth:`keys`), :class:`LockKeyError`
+        when a value has no stable encoding, and whatever a callable ``lock_key`` raises.
         """
         return _key_from_normalised(self._normalised(args, kwargs))
 
+    def keys(self, args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[str, ...]:
+        """Every lock key of one call, sorted, each once: one, but for a ``lock_key`` of
+        several keys (:class:`SeveralKeys`), which gives one per distinct value. Raises what
+        :meth:`__call__` raises, but never for several keys."""
+        if self.kind != "several":
+            return (self(args, kwargs),)
+        return tuple(sorted(self._each_key(self._bind(args, kwargs))))
+
+    def _each_key(self, arguments: Mapping[str, object]) -> dict[str, _Json]:
+        """Several keys: each distinct key of the call, with its canonical value."""
+        assert isinstance(self.lock_key, SeveralKeys)
+        name = self.lock_key.name
+        values = (
+            _wrap_dict({name: self._encode(arguments[parameter], name, f"argument {parameter!r}")})
+            for parameter in self._names
+        )
+        return {_key_from_normalised(value): value for value in values}
+
+    def _only(self, each_key: dict[str, _Json]) -> _Json:
+        """The canonical value of a several-keys call that gives one key; else TypeError."""
+        if len(each_key) == 1:
+            return next(iter(each_key.values()))
+        raise TypeError(
+            f"task {self.task_name!r} locks {len(each_key)} keys for these arguments (lock_key="
+            f"{self._spelled()}): ask for one key's lock through a task that locks it alone"
+        )
+
+    def of_key_arguments(self, args: Sequence[object], kwargs: Mapping[str, object]) -> str:
+        """The lock key from the arguments it is made of, as an operator asks "who holds
+        account x?" (``task.lock_path("x")``): when ``lock_key`` names parameters, only those
+        are needed, the others may be left out. Positional arguments bind in the signature's
+        order (give a later parameter by name). Any other ``lock_key`` needs the whole call,
+        as :meth:`__call__`.
+
+        Raises ``TypeError`` naming the task and the key's missing arguments, or arguments
+        that fit no parameter; otherwise what :meth:`__call__` raises.
+        """
+        if self.kind not in ("names", "several"):
+            return self(args, kwargs)
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"task {self.task_name!r}: {exc}") from exc
+        bound.apply_defaults()
+        missing = [name for name in self._names if name not in bound.arguments]
+        if missing:
+            raise TypeError(
+                f"task {self.task_name!r}: missing the lock key's argument"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} (lock_key="
+                f"{self._spelled()}; the task's other arguments may be left out)"
+            )
+        if self.kind == "several":
+            return _key_from_normalised(self._only(self._each_key(bound.arguments)))
+        return _key_from_normalised(self._encode_arguments(dict(bound.arguments)))
+
+    def _spelled(self) -> str:
+        spec = self.lock_key
+        if isinstance(spec, SeveralKeys):
+            return repr({spec.name: list(self._names)})
+        return str(list(self._names))
+
     def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
         arguments = self._bind(args, kwargs)
+        if self.kind == "several":
+            return self._only(self._each_key(arguments))
         if self.kind == "callable":
             assert callable(self.lock_key)
             function = self.lock_key
             value = function(*args, **kwargs)
             where = f"the value returned by lock_key {_callable_name(function)}"
             return self._encode(value, "value", where)
+        return self._encode_arguments(arguments)
+
+    def _encode_arguments(self, arguments: dict[str, object]) -> _Json:
         if self.kind == "names":
             arguments = {name: arguments[name] for name in self._names}
         return _wrap_dict(

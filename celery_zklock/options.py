@@ -13,6 +13,8 @@ import dataclasses
 import difflib
 import inspect
 import reprlib
+import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -21,7 +23,9 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.keys import KeyBuilder, LockKeySpec, check_lock_key_spec
+from celery_zklock.keys import KeyBuilder, LockKeySpec, SeveralKeys, check_lock_key_spec
+from celery_zklock.locks.contenders import READ, WRITE, LockKind, lease_kind
+from celery_zklock.locks.rate import Rate, parse_rate
 from celery_zklock.validate import forbidden_in_znode, positive_int, seconds
 
 __all__ = [
@@ -50,8 +54,10 @@ __all__ = [
     "OnLost",
     "OnTimeout",
     "OptionRule",
+    "RedeliveryWarning",
     "TaskLockSpec",
     "check_lock_name",
+    "check_redelivery",
     "options_from_task",
     "request_overrides",
     "signature_of_run",
@@ -59,7 +65,7 @@ __all__ = [
 ]
 
 LockMode = Literal["exclusive", "shared", "semaphore"]
-OnBusy = Literal["skip", "wait", "retry", "raise"]
+OnBusy = Literal["skip", "wait", "retry", "raise", "preempt"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
 Dedupe = Literal["queued", "running"]
@@ -123,6 +129,7 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "dedupe": OptionRule(True, lambda n, label, v: _dedupe(n.context, label, v)),
         "dedupe_raise": OptionRule(True, lambda n, label, v: _flag(n.context, label, v)),
         "dedupe_ttl": OptionRule(True, lambda n, label, v: _positive(n.context, label, v)),
+        "rate": OptionRule(True, lambda n, label, v: _rate(n.context, label, v)),
     }
 )
 """Every lock option (a :class:`LockOptions` field), the one table the task attributes, the
@@ -190,7 +197,8 @@ class LockOptions:
     on_busy: OnBusy = DEFAULT_ON_BUSY
     """``lock_on_busy``, when the lock is held by another: ``skip`` (end SUCCESS with a skip
     result, body not run), ``wait`` (block up to ``timeout``), ``retry`` (``self.retry`` after
-    ``retry_countdown``) or ``raise`` (fail with ``LockBusy``)."""
+    ``retry_countdown``), ``raise`` (fail with ``LockBusy``) or ``preempt`` (ask the holders to
+    end, as ``celery zklock break`` does, then wait up to ``timeout``: the newest call wins)."""
 
     timeout: float | None = DEFAULT_TIMEOUT
     """``lock_timeout``: seconds a ``wait`` may last, ``>= 0``; ``None`` (only when given
@@ -222,12 +230,27 @@ class LockOptions:
     before sending, a lost or purged message, a worker killed mid-run) stops deduplicating its
     key, ``> 0``: the worst case (see :mod:`celery_zklock.dedupe`)."""
 
+    @property
+    def lock_kind(self) -> LockKind:
+        """What a run with these options contends for: the write side of the key's read-write
+        lock (``exclusive``), its read side (``shared``), or one of ``limit`` leases."""
+        if self.mode == "semaphore":
+            assert self.limit is not None  # required with this mode
+            return lease_kind(self.limit)
+        return WRITE if self.mode == "exclusive" else READ
+
+    rate: Rate | None = None
+    """``lock_rate``: at most N runs per period per lock key, fleet-wide, in Celery's syntax
+    (``"10/s"``, ``"100/m"``, ``"1/h"``; see :class:`~celery_zklock.RateLimit`), or None. A run
+    is admitted once it holds its lock; over the rate, ``on_busy`` applies (reason ``rate``)."""
+
     def __post_init__(self) -> None:
         naming = _naming.get() or Naming(str(self.name), f"LockOptions(name={self.name!r})")
         for field, rule in OPTIONS.items():
             value = rule.check(naming, naming.label(field), getattr(self, field))
             object.__setattr__(self, field, value)
         _check_limit_with_mode(naming, self.mode, self.limit)
+        _check_several_keys(naming, self)
 
 
 def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
@@ -375,8 +398,36 @@ def _positive(context: str, label: str, value: object) -> float:
     return seconds(f"{context}: {label}", value)
 
 
+def _rate(context: str, label: str, value: object) -> Rate | None:
+    return None if value is None else parse_rate(value, f"{context}: {label}")
+
+
 def _limit(context: str, label: str, value: object) -> int | None:
     return None if value is None else positive_int(f"{context}: {label}", value)
+
+
+def _check_several_keys(naming: Naming, options: LockOptions) -> None:
+    """A task that locks several keys at once (a :class:`~celery_zklock.MultiLock`) is
+    exclusive, and takes no option that works on one key's lock: ``preempt``, a rate, dedupe."""
+    key = options.key
+    if not isinstance(key, SeveralKeys) or len(key.parameters) < 2:
+        return
+    refused = [
+        f"{naming.label(field)}={value!r}"
+        for field, value, fits in (
+            ("mode", options.mode, options.mode == "exclusive"),
+            ("on_busy", options.on_busy, options.on_busy != "preempt"),
+            ("rate", options.rate, options.rate is None),
+            ("dedupe", options.dedupe, options.dedupe is None),
+        )
+        if not fits
+    ]
+    if refused:
+        raise ConfigurationError(
+            f"{naming.context}: {naming.label('key')} gives several keys, which are taken "
+            f"together and exclusively, and {', '.join(refused)} works on one key's lock: drop "
+            "it, or lock one key per task"
+        )
 
 
 def _check_limit_with_mode(naming: Naming, mode: str, limit: int | None) -> None:
@@ -442,7 +493,9 @@ class TaskLockSpec:
         # shows the callable that replaces it, with the task's own parameters).
         keys = KeyBuilder.for_callable(name, signature_of_run(task_class), attrs["lock_key"])
         attrs["lock_key"] = keys.lock_key
-        return cls(name, options_from_task(name, attrs), keys)
+        spec = cls(name, options_from_task(name, attrs), keys)
+        check_redelivery(name, task_class)
+        return spec
 
     def for_call(self, overrides: Mapping[str, object] | None) -> LockOptions:
         """The options of one call: the task's, with the call's ``zklock={...}`` applied."""
@@ -456,6 +509,49 @@ class TaskLockSpec:
         :meth:`KeyBuilder.__call__ <celery_zklock.keys.KeyBuilder.__call__>` raises."""
         return f"{root}/{self.options.name}/{self.keys(args, kwargs)}"
 
+    def paths(self, root: str, args: Any, kwargs: Any) -> tuple[str, ...]:
+        """Every lock path of one call, sorted: one, or several for a ``lock_key`` of several
+        keys (see :meth:`KeyBuilder.keys <celery_zklock.keys.KeyBuilder.keys>`)."""
+        return tuple(f"{root}/{self.options.name}/{key}" for key in self.keys.keys(args, kwargs))
+
+    def key_path(self, root: str, args: Any, kwargs: Any) -> str:
+        """:meth:`path` from the key's arguments only (an operator's question, see
+        :meth:`KeyBuilder.of_key_arguments <celery_zklock.keys.KeyBuilder.of_key_arguments>`):
+        the same path for the same key."""
+        return f"{root}/{self.options.name}/{self.keys.of_key_arguments(args, kwargs)}"
+
+
+class RedeliveryWarning(UserWarning):
+    """A locked task's delivery options lose its call in a case the user may not expect."""
+
+
+_warned_redelivery: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def check_redelivery(task_name: str, task: object) -> None:
+    """Warn (:class:`RedeliveryWarning`, once per task name and process) when ``task`` (a task
+    class or instance) acknowledges late without ``reject_on_worker_lost``: Celery's rule then
+    loses the call of a pool process that dies. Values still None (not set on the task) are
+    not judged: they come from the app's ``task_acks_late`` / ``task_reject_on_worker_lost``
+    when the task is bound, and a worker checks them again then (:mod:`celery_zklock.gate`)."""
+    if not getattr(task, "acks_late", None) or getattr(task, "reject_on_worker_lost", None):
+        return
+    with _warned_lock:
+        if task_name in _warned_redelivery:
+            return
+        _warned_redelivery.add(task_name)
+    warnings.warn(
+        f"task {task_name!r}: acks_late without reject_on_worker_lost: if the process running "
+        "it dies (kill -9, the OOM killer, a crash), Celery acknowledges its message and ends "
+        "the task FAILURE (WorkerLostError), so the call is never run again; its lock goes when "
+        "the dead process's ZooKeeper session expires. Set reject_on_worker_lost=True (or "
+        "task_reject_on_worker_lost) to have the broker deliver it again: the copy waits for "
+        "the dead run's lock node to go, then runs.",
+        RedeliveryWarning,
+        stacklevel=2,
+    )
+
 
 def signature_of_run(task_class: type) -> inspect.Signature:
     """The signature callers use: without ``self`` for bound tasks and class-based ``run``."""
@@ -468,6 +564,10 @@ def signature_of_run(task_class: type) -> inspect.Signature:
 
 CALL_OPTION: Final = "zklock"
 """The ``apply_async`` keyword (and message header) of a call's lock option overrides."""
+
+RECEIVED_OPTION: Final = "zklock_received"
+"""The request field in which the worker's gate (:mod:`celery_zklock.gate`) tells the run when
+the message was received (``time.time()``): a ``wait`` counts ``lock_timeout`` from there."""
 
 
 def request_overrides(request: Any) -> Mapping[str, Any] | None:

@@ -1,19 +1,22 @@
 """What a locked run does when it cannot simply run: one table for every situation and policy.
 
-A run that does not get, or does not keep, its lock is in one of four situations, and the task's
-options name a policy for each:
+A run that does not get, or does not keep, its lock (or, with ``lock_rate``, its admission) is
+in one of five situations, and the task's options name a policy for each:
 
 ============  ==============  =======================================================
 situation     policy option   policies
 ============  ==============  =======================================================
-busy          lock_on_busy    skip, wait, retry (LockBusy), raise (LockBusy)
+busy          lock_on_busy    skip, wait, retry (LockBusy), raise (LockBusy), preempt (a wait
+                              after asking the holders to end)
+rate          lock_on_busy    skip, wait, retry (RateLimited), raise (RateLimited)
 timeout       lock_on_timeout skip, retry (LockTimeout), raise (LockTimeout)
 lost          lock_on_lost    retry (LockLost), raise (LockLost)
 unavailable   (none)          retry (ZooKeeperUnavailable); raise outside a worker
 ============  ==============  =======================================================
 
 ``skip`` ends the task SUCCESS with a JSON-safe result for which :func:`is_skipped` is true
-(chords and groups keep counting); ``wait`` blocks up to ``lock_timeout``; ``retry`` is
+(chords and groups keep counting; what a chain or a chord's body then gets:
+:mod:`celery_zklock.canvas`); ``wait`` blocks up to ``lock_timeout``; ``retry`` is
 Celery's ``self.retry`` (``max_retries`` applies) carrying the error; ``raise`` fails the task
 with it. ZooKeeper being unreachable is never taken for a busy lock or a timeout: it retries in a
 worker, and raises when the task is called directly or eagerly.
@@ -26,9 +29,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from celery_zklock.errors import LockBusy, LockLost, LockTimeout, ZkLockError, ZooKeeperUnavailable
+from celery_zklock.errors import (
+    LockBusy,
+    LockLost,
+    LockTimeout,
+    RateLimited,
+    ZkLockError,
+    ZooKeeperUnavailable,
+)
 
-Situation = Literal["busy", "timeout", "lost", "unavailable"]
+Situation = Literal["busy", "rate", "timeout", "lost", "unavailable"]
 Action = Literal["skip", "wait", "retry", "raise"]
 
 SKIP_MARKER: Final = "__zklock_skipped__"
@@ -48,6 +58,11 @@ TABLE: Final[Mapping[tuple[Situation, str], Verdict]] = MappingProxyType(
         ("busy", "wait"): Verdict("wait"),
         ("busy", "retry"): Verdict("retry", LockBusy),
         ("busy", "raise"): Verdict("raise", LockBusy),
+        ("busy", "preempt"): Verdict("wait"),
+        ("rate", "skip"): Verdict("skip"),
+        ("rate", "wait"): Verdict("wait"),
+        ("rate", "retry"): Verdict("retry", RateLimited),
+        ("rate", "raise"): Verdict("raise", RateLimited),
         ("timeout", "skip"): Verdict("skip"),
         ("timeout", "retry"): Verdict("retry", LockTimeout),
         ("timeout", "raise"): Verdict("raise", LockTimeout),

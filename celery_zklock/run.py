@@ -24,7 +24,7 @@ from celery.exceptions import Retry
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from celery_zklock import delivery, visibility
+from celery_zklock import canvas, delivery, visibility
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import release as release_marker
 from celery_zklock.errors import (
@@ -32,20 +32,26 @@ from celery_zklock.errors import (
     LockLost,
     LockTimeout,
     LossCode,
+    RateLimited,
     ZooKeeperUnavailable,
 )
 from celery_zklock.events import emit
+from celery_zklock.holders import request_break
 from celery_zklock.interrupt import STOPPING, Interruption, arm
-from celery_zklock.locks import Lease, Mutex, Semaphore
-from celery_zklock.locks.contenders import READ, WRITE
+from celery_zklock.locks import Lease, MultiLease, MultiLock, Mutex, Semaphore
+from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.identity import identity as node_identity
-from celery_zklock.options import LockOptions, TaskLockSpec, request_overrides
+from celery_zklock.locks.rate import RATE_NODE, RateLimit
+from celery_zklock.metrics.recorder import count_rate
+from celery_zklock.options import RECEIVED_OPTION, LockOptions, TaskLockSpec, request_overrides
 from celery_zklock.policy import Situation, decide, skip_result
 from celery_zklock.session import get_client
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
 
+PREEMPTED: Final = "preempted by a newer call (lock_on_busy='preempt')"
+"""The reason a preempted holder's ``LockLost`` gives, after the preempting task's name."""
 LOST_TELL_WAIT: Final = 5.0
 """Longest wait, at the end of an interrupted body, for the ``lost`` event to be told."""
 MAX_LOOKS: Final = 3
@@ -53,11 +59,22 @@ MAX_LOOKS: Final = 3
 
 _held = threading.local()
 
+Held = Lease | MultiLease
+"""What a run holds: one lock's lease, or the leases of a task that locks several keys."""
 
-def current_lease() -> Lease | None:
+
+def current_lease() -> Held | None:
     """The lease of the innermost locked body running on this thread (or greenlet), if any."""
-    stack: list[Lease] = getattr(_held, "stack", [])
+    stack: list[Held] = getattr(_held, "stack", [])
     return stack[-1] if stack else None
+
+
+def fence_of(lease: Held) -> int | tuple[int, ...]:
+    """The fencing token a run's events name: the lease's, or for several keys each path's, in
+    the order of the paths (the order of ``LockedRun.path``)."""
+    if isinstance(lease, MultiLease):
+        return tuple(lease.tokens.values())
+    return lease.token
 
 
 class LockedRun:
@@ -69,10 +86,11 @@ class LockedRun:
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
-        self.path = spec.path(self.settings.root, args, kwargs)
+        self.paths = spec.paths(self.settings.root, args, kwargs)
+        self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
         self.task_id = request.id
         self.in_worker = not (request.called_directly or request.is_eager)
-        self.lease: Lease | None = None
+        self.lease: Held | None = None
         self.started = time.monotonic()
         self.granted_at: float | None = None
         self.lost_told = False
@@ -116,21 +134,25 @@ class LockedRun:
                 )
             self._log("marker-left", self.path, error=repr(exc))
 
-    def _side(self, client: KazooClient) -> Mutex:
+    def _side(self, client: KazooClient) -> Mutex | MultiLock:
         """The lock side this run contends on: a semaphore, or one side of the path's
-        read-write lock (write for ``exclusive``, read for ``shared``)."""
-        if self.options.mode == "semaphore":
-            assert self.options.limit is not None  # LockOptions requires it with this mode
-            return Semaphore(client, self.path, self.options.limit)
-        kind = WRITE if self.options.mode == "exclusive" else READ
+        read-write lock (write for ``exclusive``, read for ``shared``); for several keys, the
+        write side of each at once."""
+        kind = self.options.lock_kind
+        if len(self.paths) > 1:
+            return MultiLock(client, self.paths, kind=kind)
+        if kind.limit is not None:
+            return Semaphore(client, self.path, kind.limit)
         return Mutex(client, self.path, kind=kind)
 
-    def _run(self, client: KazooClient, side: Mutex, body: Callable[[], Any]) -> Any:
+    def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
             if lease is None:
                 return skipped
+            if self.options.rate is not None and (refused := self._admit(client)) is not None:
+                return refused
             self.granted_at = time.monotonic()
             result = self._hold(lease, body)
         finally:
@@ -140,7 +162,7 @@ class LockedRun:
                 "lost",
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
-                f"{lease.token}) was lost while the task ran: {lease.lost_reason}",
+                f"{fence_of(lease)}) was lost while the task ran: {lease.lost_reason}",
                 code=lease.lost_code,
             )
         return result
@@ -160,7 +182,9 @@ class LockedRun:
         verdict = decide(situation, policy, in_worker=self.in_worker)
         if verdict.action == "skip":
             visibility.skipped(self.task, self.path, holder, situation)
-            return skip_result(self.path, holder, situation)
+            skipped = skip_result(self.path, holder, situation)
+            canvas.stop_after_skip(self.task, self.request, skipped)
+            return skipped
         if verdict.action == "wait":
             return None
         assert verdict.error is not None
@@ -191,16 +215,15 @@ class LockedRun:
             )
 
     # -- acquire --------------------------------------------------------------------------
-    def _acquire(self, client: KazooClient, side: Mutex) -> Any:
+    def _acquire(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         """Take the lock into ``self.lease`` under the busy policy; else return a skip result."""
         try:
             return self._acquire_by_policy(client, side)
         except (ZooKeeperUnavailable, KazooException) as exc:
             self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
 
-    def _acquire_by_policy(self, client: KazooClient, side: Mutex) -> Any:
-        task, path = self.task, self.path
-        request = self.request
+    def _acquire_by_policy(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
+        task, request = self.task, self.request
         identity = node_identity(task, request)
         retries = request.retries or 0
         # A message handed out again may be a copy of a run that already finished.
@@ -208,6 +231,7 @@ class LockedRun:
         looks = 0
         while True:
             self.lease = side.acquire(blocking=False, data=identity)
+            path = side.path  # for several keys: the one whose lock was busy
             if self.lease is None:
                 queue = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT)
                 own = delivery.first_of_task(queue, self.task_id)
@@ -217,10 +241,11 @@ class LockedRun:
                 looks += 1
                 if delivery.blocker(queue, side.kind) is None and looks < MAX_LOOKS:
                     continue  # the holder went between our try and our look: try again
-                skipped = self._when_busy(side, queue, identity, own is not None)
+                skipped = self._when_busy(client, side, queue, identity, own is not None)
                 if self.lease is None:
                     return skipped
             elif side.kind != "write":  # granted beside other holders: is one of them ours?
+                assert isinstance(self.lease, Lease)  # several keys are taken for writing
                 ours = self.lease.node.rsplit("/", 1)[1]
                 ahead = delivery.read_queue(client, path, QUEUE_READ_TIMEOUT, before=ours)
                 original = delivery.first_of_task(ahead, self.task_id)
@@ -230,10 +255,12 @@ class LockedRun:
                     settled = delivery.await_original(task, client, side, path, original, self._log)
                     continue
             if not settled:
-                delivery.ignore_if_finished(task, path, self._log)
+                delivery.ignore_if_finished(task, self.path, self._log)
             return None
 
-    def _when_busy(self, side: Mutex, queue: Any, identity: bytes, own: bool) -> Any:
+    def _when_busy(
+        self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool
+    ) -> Any:
         """The busy policy: the lock into ``self.lease`` (wait), a skip result, or raise."""
         policy: str = self.options.on_busy
         if own:
@@ -245,14 +272,16 @@ class LockedRun:
         outcome = self._apply(
             "busy",
             policy,
-            f"task {self.task.name!r}: lock {self.path} is held by task {holder_id}",
+            f"task {self.task.name!r}: lock {side.path} is held by task {holder_id}",
             holder_id,
         )
         if outcome is not None:
             return outcome  # skipped
+        if policy == "preempt":
+            self._preempt(client, queue)
         visibility.waiting(self.task, self.path, holder_id)
         try:
-            self.lease = side.acquire(timeout=self.options.timeout, data=identity)
+            self.lease = side.acquire(timeout=self._wait_timeout(), data=identity)
             visibility.granted_after_wait(self.task)
             return None
         except LockTimeout:
@@ -266,12 +295,68 @@ class LockedRun:
                 holder_id,
             )
 
+    def _preempt(self, client: KazooClient, queue: list[Contender]) -> None:
+        """``preempt``: ask every holder ahead of us to end, as ``celery zklock break`` does:
+        each holder's body is interrupted and ends ``LockLost`` naming this task, its node goes,
+        and only then is this run granted (its wait follows). Holders that are not task runs
+        (or paused) are waited for, up to ``lock_timeout``."""
+        limit = self.options.lock_kind.limit
+        first_writer = next((i for i, c in enumerate(queue) if c.kind == "write"), len(queue))
+        holding = queue[:limit] if limit else queue[: max(first_writer, 1)]
+        by = f"task {self.task.name}[{self.task_id}]"
+        for holder in holding:
+            if holder.task_id == self.task_id:
+                continue
+            outcome = request_break(client, f"{self.path}/{holder.name}", by, PREEMPTED)
+            self._log("preempt", self.path, holder=holder.task_id, outcome=outcome.status)
+
+    def _wait_timeout(self) -> float | None:
+        """``lock_timeout``, counted from when the worker received the message where its gate
+        says when (the message may have waited there)."""
+        timeout = self.options.timeout
+        received = getattr(self.request, RECEIVED_OPTION, None)
+        if timeout is None or not isinstance(received, (int, float)):
+            return timeout
+        return max(0.0, timeout - (time.time() - received))
+
+    def _admit(self, client: KazooClient) -> Any:
+        """With ``lock_rate``, once the lock is held: be admitted under the key's rate (so an
+        admission is counted only for a run that goes on to its body). None when admitted,
+        else what ``on_busy`` makes of it (reason ``rate``): a skip result, a wait for the
+        window up to ``lock_timeout`` (then ``on_timeout``), a retry when the window opens."""
+        rate = self.options.rate
+        assert rate is not None
+        limit = RateLimit(client, f"{self.path}/{RATE_NODE}", rate)
+        identity = node_identity(self.task, self.request)
+        try:
+            opens_in = limit.admit(identity)
+            count_rate(self.task.name, opens_in is None)
+            if opens_in is None:
+                return None
+            message = (
+                f"task {self.task.name!r}: lock {self.path} is over its rate {rate}; the "
+                f"window admits a run in {opens_in:.3f}s"
+            )
+            self._log("rate-refused", self.path, rate=str(rate), opens_in=round(opens_in, 3))
+            policy = self.options.on_busy
+            if policy == "retry":
+                raise self.task.retry(exc=RateLimited(message), countdown=opens_in)
+            if policy not in ("wait", "preempt"):  # a rate is not a holder to preempt
+                return self._apply("rate", policy, message)
+            if limit.acquire(timeout=self._wait_timeout(), data=identity):
+                count_rate(self.task.name, True)
+                return None
+        except (ZooKeeperUnavailable, KazooException, LockTimeout) as exc:
+            self._unavailable(f"ZooKeeper failed while admitting under the rate of {self.path}: "
+                              f"{exc}", exc)  # fmt: skip
+        return self._apply("timeout", self.options.on_timeout, f"{message}; lock_timeout passed")
+
     # -- hold and release -----------------------------------------------------------------
-    def _hold(self, lease: Lease, body: Callable[[], Any]) -> Any:
+    def _hold(self, lease: Held, body: Callable[[], Any]) -> Any:
         """Announce the grant, arm the body's interruption and run it (None if lost)."""
         task, task_id, path = self.task, self.task_id, self.path
         waited = (self.granted_at or self.started) - self.started
-        emit(task, "acquired", path, task_id=task_id, token=lease.token, mode=self.options.mode,
+        emit(task, "acquired", path, task_id=task_id, token=fence_of(lease), mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
 
@@ -283,12 +368,12 @@ class LockedRun:
             try:
                 if interruption is not None:
                     interruption.fire(reason)
-                emit(task, "lost", path, task_id=task_id, token=lease.token, reason=reason,
+                emit(task, "lost", path, task_id=task_id, token=fence_of(lease), reason=reason,
                      code=lease.lost_code)  # fmt: skip
             finally:
                 told.set()
 
-        stack: list[Lease] = _held.__dict__.setdefault("stack", [])
+        stack: list[Held] = _held.__dict__.setdefault("stack", [])
         try:
             try:
                 stack.append(lease)
@@ -327,10 +412,10 @@ class LockedRun:
         if self.granted_at is not None:  # announced: tell that it ended
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
-                emit(self.task, "lost", self.path, task_id=self.task_id, token=lease.token,
+                emit(self.task, "lost", self.path, task_id=self.task_id, token=fence_of(lease),
                      reason=lease.lost_reason, code=lease.lost_code)  # fmt: skip
             held = time.monotonic() - self.granted_at
-            emit(self.task, "released", self.path, task_id=self.task_id, token=lease.token,
+            emit(self.task, "released", self.path, task_id=self.task_id, token=fence_of(lease),
                  held=held, lost=lease.lost)  # fmt: skip
 
     def _log(self, event: str, path: str, **fields: Any) -> None:

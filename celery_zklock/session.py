@@ -29,7 +29,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError
 from kazoo.protocol.states import KazooState, KeeperState
 
-from celery_zklock.config import ClientConfig
+from celery_zklock import outages
+from celery_zklock.config import ClientConfig, host_ports
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks import adapter
 
@@ -55,7 +56,14 @@ def _make_handler(name: str) -> Any:
 
 
 def new_client(config: ClientConfig) -> KazooClient:
-    """A new, not yet started kazoo client for ``config`` (the factory's, if it names one)."""
+    """A new, not yet started kazoo client for ``config`` (the factory's, if it names one);
+    its connecting ends this process's outage (:func:`celery_zklock.outages.connected`)."""
+    client = _new_client(config)
+    client.add_listener(outages.connected)
+    return client
+
+
+def _new_client(config: ClientConfig) -> KazooClient:
     config.validate()
     if config.factory is not None:
         return _client_from_factory(config.factory)
@@ -85,6 +93,7 @@ def new_client(config: ClientConfig) -> KazooClient:
         handler=_make_handler(config.handler),
         auth_data=list(config.auth) or None,
         default_acl=list(config.acl) or None,
+        logger=outages.KAZOO_LOG,  # reconnect warnings: one per outage
         **kwargs,
     )
     adapter.use_direct_socket_io(client)  # threading clients: recv/send before polling
@@ -137,6 +146,17 @@ def get_client(config: ClientConfig) -> KazooClient:
         _forget_clients_after_fork()
     with _clients_lock:
         client = _clients.get(config)
+        if client is not None and adapter.connection_gave_up(client):
+            # Its connection loop ended for good (e.g. kazoo's thread died on a protocol
+            # error): it would fail every call from now on. Its leases count as lost already
+            # (no renewal reaches the leader); a new client is a new session.
+            logger.warning(
+                "the ZooKeeper client of %s gave up its connection for good: replaced",
+                config.hosts,
+            )
+            _stop_quietly(client)
+            del _clients[config]
+            client = None
         if client is None:
             client = new_client(config)
             adapter.install_connect_hook()
@@ -226,7 +246,7 @@ def tls_problem(config: ClientConfig) -> str | None:
                 f"TLS: the client certificate zklock_ssl_certfile/zklock_ssl_keyfile cannot be "
                 f"loaded ({exc}); check zklock_ssl_keyfile_password"
             )
-    for host, port in _host_ports(config.hosts):
+    for host, port in host_ports(config.hosts):
         try:
             raw = socket.create_connection((host, port), timeout=TLS_PROBE_TIMEOUT)
         except OSError:
@@ -254,15 +274,6 @@ def tls_problem(config: ClientConfig) -> str | None:
         finally:
             raw.close()
     return None
-
-
-def _host_ports(hosts: str) -> list[tuple[str, int]]:
-    found = []
-    for entry in hosts.split("/", 1)[0].split(","):
-        host, _, port = entry.strip().rpartition(":")
-        if entry.strip():
-            found.append((host or entry.strip(), int(port) if port.isdigit() else 2181))
-    return found
 
 
 def close_clients() -> None:

@@ -5,7 +5,9 @@ path) and what the event adds (see each). Receivers run on the task's thread, ex
 ``lock_lost`` for a loss while the body runs, which runs on the thread that detected the loss
 (the lease clock's), after the interruption of the body was fired: keep receivers short. A
 receiver that raises is logged by Celery and otherwise ignored; ``lock_acquired`` receivers
-run before the body, and a lease lost while they run is seen before the body starts.
+run before the body, and a lease lost while they run is seen before the body starts. For a
+task that locks several keys, ``path`` is their paths joined by `` + `` and ``token`` a tuple of
+their fencing tokens in the same order.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signa
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks import Lease
+from celery_zklock.locks import Lease, MultiLease
 from celery_zklock.options import (
     CALL_OPTION,
     DEFAULT_DEDUPE_TTL,
@@ -59,14 +59,14 @@ class ZkLockTask(Task):  # type: ignore[misc]
     #: Tasks with the same lock name share locks.
     lock_name: ClassVar[str | None] = None
     #: Which arguments identify the lock: None (all, bound to the signature with defaults),
-    #: one parameter name, a list of them, or a callable (see celery_zklock.keys).
+    #: one parameter name, a list of them, a callable, or {name: [params]} for several keys.
     lock_key: ClassVar[Any] = None
     #: ``exclusive`` (one holder), ``shared`` (readers together, writers alone) or
     #: ``semaphore`` (at most lock_limit at once).
     lock_mode: ClassVar[str] = DEFAULT_MODE
     #: With ``semaphore`` (required there, refused elsewhere): the most runs at once per key.
     lock_limit: ClassVar[int | None] = None
-    #: When another holds the lock: ``skip``, ``wait`` (up to lock_timeout), ``retry``, ``raise``.
+    #: When another holds the lock: skip, wait (up to lock_timeout), retry, raise or preempt.
     lock_on_busy: ClassVar[str] = DEFAULT_ON_BUSY
     #: Seconds a ``wait`` may last; None waits without limit.
     lock_timeout: ClassVar[float | None] = DEFAULT_TIMEOUT
@@ -82,9 +82,10 @@ class ZkLockTask(Task):  # type: ignore[misc]
     lock_dedupe_raise: ClassVar[bool] = False
     #: Seconds after which a marker whose message never ran stops deduplicating its key.
     lock_dedupe_ttl: ClassVar[float] = DEFAULT_DEDUPE_TTL
+    #: At most N runs per period per key, fleet-wide: "10/s", "100/m", "1/h" (or None).
+    lock_rate: ClassVar[str | None] = None
 
-    #: The compiled lock (options, key builder, path) of the task named in it: see _zklock_compile.
-    _zklock_spec: ClassVar[TaskLockSpec | None] = None
+    _zklock_spec: ClassVar[TaskLockSpec | None] = None  # compiled lock: see _zklock_compile
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -114,7 +115,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         options.update(zip(_APPLY_ASYNC_POSITIONAL, rest, strict=False))  # by name
         task_id = options.pop("task_id", None) or uuid()
         send = functools.partial(super().apply_async, args, kwargs, task_id=task_id, **options)
-        path = self.lock_path(*(args or ()), **(kwargs or {}))  # the name is not per call
+        path = holders.lock_path(self, args or (), kwargs or {}, whole_call=True)
         return enqueue_once(self, call, path, task_id, send, resend=resend)
 
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -124,8 +125,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return super().apply(args, kwargs, *rest, **options)
 
     def _carry_call_options(self, options: dict[str, Any]) -> LockOptions:
-        overrides = options.pop(CALL_OPTION, None)
-        call = self._zklock_compile(self.name).for_call(overrides)  # validated before sending
+        call = self._zklock_compile(self.name).for_call(overrides := options.pop(CALL_OPTION, None))
         if overrides is not None:
             options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
         return call
@@ -146,8 +146,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     # -- running -------------------------------------------------------------------------
     @property
-    def lock(self) -> Lease:
-        """The :class:`Lease` the running body holds; RuntimeError outside a locked body."""
+    def lock(self) -> Lease | MultiLease:
+        """The Lease the running body holds (a MultiLease for several keys), or RuntimeError."""
         lease = current_lease()
         if lease is None:
             raise RuntimeError(f"task {self.name!r}: self.lock is only set inside the task body")
@@ -159,13 +159,18 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     # -- operating -----------------------------------------------------------------------
     def lock_path(self, *args: Any, **kwargs: Any) -> str:
-        """The lock path a call with these arguments takes (no ZooKeeper request)."""
+        """The lock path of a call with these arguments, or just its key's (no request)."""
         return holders.lock_path(self, args, kwargs)
 
     def lock_holder(self, *args: Any, **kwargs: Any) -> holders.Holder | None:
         """Who holds the lock a call with these arguments takes, or None; the first holder
         of a shared lock (all of them: :func:`celery_zklock.holders.lock_holders`)."""
         return holders.lock_holder(self, args, kwargs)
+
+
+def has_locked_tasks(app: Any) -> bool:
+    """Whether ``app`` has a ``ZkLockTask``: a worker of it needs the library's steps."""
+    return any(isinstance(t, ZkLockTask) for t in app.tasks.values())
 
 
 def _close_clients_on_shutdown(**_: Any) -> None:
@@ -177,7 +182,7 @@ def _check_settings_at_worker_start(sender: Any = None, **_: Any) -> None:
     needs credentials it lacks, a CA file that is not there...), rather than fail each task.
     ``celery worker -E`` also turns on the lock's task events (celery_zklock.visibility)."""
     app = getattr(sender, "app", None)
-    if app is None or not any(isinstance(t, ZkLockTask) for t in app.tasks.values()):
+    if app is None or not has_locked_tasks(app):
         return
     if getattr(sender, "task_events", False):
         app.conf.worker_send_task_events = True  # -E reaches the pool processes this way

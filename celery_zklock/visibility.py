@@ -29,7 +29,9 @@ __all__ = [
     "WAITING_EVENT",
     "WAITING_STATE",
     "granted_after_wait",
+    "held",
     "skipped",
+    "unheld",
     "waiting",
 ]
 
@@ -44,6 +46,19 @@ def waiting(task: Any, path: str, holder: Any) -> None:
     """``task``'s run is about to wait for lock ``path``, held by task ``holder``."""
     _store(task, WAITING_STATE, {"lock": path, "holder": holder, "since": time.time()})
     _send(task, WAITING_EVENT, lock=path, holder=holder)
+
+
+def held(request: Any, path: str, holder: Any) -> None:
+    """The worker's gate holds ``request`` (a worker request, in the worker's main process)
+    until lock ``path``, held by task ``holder``, can be granted: ``LOCK_WAITING``, as for a
+    run that waits."""
+    _store_request(request, WAITING_STATE, {"lock": path, "holder": holder, "since": time.time()})
+    _send_request(request, WAITING_EVENT, lock=path, holder=holder)
+
+
+def unheld(request: Any) -> None:
+    """The gate handed ``request`` to the pool: ``RECEIVED`` again until it starts."""
+    _store_request(request, states.RECEIVED, {})
 
 
 def granted_after_wait(task: Any) -> None:
@@ -81,3 +96,20 @@ def _send(task: Any, event: str, **fields: Any) -> None:
         raise
     except Exception:
         logger.debug("could not send %s for %s", event, task.request.id, exc_info=True)
+
+
+def _store_request(request: Any, state: str, meta: dict[str, Any]) -> None:
+    task = request.task
+    if task.ignore_result:
+        return
+    try:
+        task.backend.store_result(request.id, meta, state)
+    except Exception:
+        logger.debug("could not store state %s for %s", state, request.id, exc_info=True)
+
+
+def _send_request(request: Any, event: str, **fields: Any) -> None:
+    try:
+        request.send_event(event, **fields)
+    except Exception:
+        logger.debug("could not send %s for %s", event, request.id, exc_info=True)

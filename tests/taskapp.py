@@ -9,6 +9,7 @@ visibility timeout, for redelivery tests), TASKAPP_BEAT_EVERY (seconds: schedule
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -20,6 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
+from celery_zklock.locks import MultiLease
 from celery_zklock.options import request_overrides
 from celery_zklock.testing.witness import Witness
 from tests.lockutil import task_client
@@ -43,7 +45,7 @@ if "TASKAPP_VISIBILITY_TIMEOUT" in os.environ:
     # The fleet's options: restore unacknowledged messages after this long (checked every
     # second for the short timeouts the tests use), a dead sweeper's mutex lapsing in 5 s.
     app.conf.broker_transport_options = broker_transport_options(
-        float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"])
+        float(os.environ["TASKAPP_VISIBILITY_TIMEOUT"]), BROKER
     )
 if "TASKAPP_BEAT_EVERY" in os.environ:
     app.conf.beat_schedule = {
@@ -320,3 +322,71 @@ def breakable(self: Any, key: str, role: str, seconds: float) -> dict[str, Any]:
 def acked_late_limited(self: Any, key: str, seconds: float) -> dict[str, Any]:
     """:func:`acked_late` under a semaphore of 2: a copy of its message would fit beside it."""
     return _held_until_released(self, key, seconds)
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=120, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def gated_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
+    """A ``wait`` task of the gate tests: one witnessed section, its end recorded (task id)."""
+    result = _section(self, key, "exclusive", hold_s)
+    _append(DIR / f"gated-done-{key}", {"task_id": self.request.id, "end": time.time()})
+    return result
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key={"key": ["src", "dst"]},
+    lock_on_busy="wait", lock_timeout=120,
+)  # fmt: skip
+def transfer(self: Any, src: str, dst: str, hold_s: float) -> dict[str, Any]:
+    """Locks the keys ``src`` and ``dst`` of :func:`gated_section`'s locks at once: one
+    witnessed section on each (one on both when they are equal); returns each path's token."""
+    lease = self.lock
+    tokens = lease.tokens if isinstance(lease, MultiLease) else {lease.path: lease.token}
+    holder = f"{self.request.id}-t{'-'.join(map(str, tokens.values()))}"
+    with contextlib.ExitStack() as sections:
+        for key in sorted({src, dst}):
+            sections.enter_context(Witness(DIR / f"witness-{key}").section(holder, "write"))
+        time.sleep(hold_s)
+    return {"tokens": tokens}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_mode="shared",
+    lock_on_busy="wait", lock_timeout=120, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def gated_reader(self: Any, key: str, hold_s: float) -> dict[str, Any]:
+    """The read side of :func:`gated_section`'s locks."""
+    return _section(self, key, "shared", hold_s)
+
+
+@app.task(acks_late=True)
+def unlocked_noop() -> float:
+    """Unrelated traffic: returns when it ran (this host's clock)."""
+    return time.time()
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="rated", lock_key=["key"], lock_mode="shared",
+    lock_rate="2/s", lock_on_busy="skip",
+)  # fmt: skip
+def rated(self: Any, key: str) -> dict[str, Any]:
+    """At most 2 runs a second per key (readers, so that only the rate refuses): records when
+    its body started (this host's clock)."""
+    _append(DIR / f"rated-{key}", {"task_id": self.request.id, "start": time.time()})
+    return {"token": self.lock.token}
+
+
+@app.task(bind=True)
+def received(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
+    """A step after a locked one (chain, chord body): records and returns what it got."""
+    _append(DIR / "received", {"task_id": self.request.id, "tag": tag, "value": value})
+    return {"received": value}
+
+
+@app.task(bind=True, zklock_accepts_skipped=True)
+def received_skips(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
+    """:func:`received`, opted in to get skip markers (celery_zklock.canvas)."""
+    _append(DIR / "received", {"task_id": self.request.id, "tag": tag, "value": value})
+    return {"received": value}

@@ -39,8 +39,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # task can be sent to one chosen worker (a test aiming a fault at it).
         "worker_direct": True,
         # A worker that died as a whole never acknowledges: its messages go to another worker
-        # after the visibility timeout.
-        "broker_transport_options": broker_transport_options(settings.visibility_timeout),
+        # after the visibility timeout (Redis), when its connection closes (RabbitMQ).
+        "broker_transport_options": broker_transport_options(
+            settings.visibility_timeout, settings.broker_url
+        ),
         # A broker restart: reconnect without limit, and keep running tasks running meanwhile.
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
@@ -56,6 +58,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "zklock_hosts": settings.zk_hosts,
         "zklock_session_timeout": settings.session_timeout,
         "zklock_root": settings.zk_root,
+        "zklock_gate": settings.gate,
         RECORD_URL_SETTING: settings.record_url,
     }
 

@@ -17,8 +17,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from celery_zklock import is_skipped
+from celery_zklock.run import PREEMPTED
 from celery_zklock.testing.exclusion import Exclusion
-from workers.record import FORCED_LOSS_KINDS, FaultRecord, Mode, SectionEvent
+from workers.record import (
+    FORCED_LOSS_KINDS,
+    MAIN_PROCESS_KILL,
+    PREEMPTED_OUTCOME,
+    FaultRecord,
+    Mode,
+    SectionEvent,
+)
 
 __all__ = [
     "FaultCount",
@@ -31,12 +39,16 @@ __all__ = [
 
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 LOST_REASON_PREFIX = "LockLost"
+PREEMPTED_FAILURE = "LockLost (preempted)"
+"""The failure kind of a task whose lock a newer ``preempt`` call broke."""
 MAX_SERIES_SECONDS = 7 * 24 * 3600
 PAUSE_EXPIRY_FRACTION = 0.5
 """A pause excuses an overlap only once this fraction of the session timeout has passed since
 the stop was sent (``paused`` event's time, on the same host's clock as the enter): the server
 cannot expire the session sooner than 2/3 of the timeout after it (kazoo sends at least every
-third of the timeout), so an earlier successor is a lock fault, a later one may be legitimate."""
+third of the timeout), so an earlier successor is a lock fault, a later one may be legitimate.
+That holds only while the process and the server keep that pace: a ``paused`` event that carries
+the holder's own ``valid_until`` (a holder that stopped itself) is judged by it instead."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,8 @@ class RunReport:
     retried: int
     """Tasks whose section was entered more than once (retries, redeliveries)."""
     revocations: int
-    """Sections that exited with outcome ``"lost"``."""
+    """Sections that exited with outcome ``"lost"`` (a preempted one is counted in
+    ``preempted``)."""
     killed_sections: int
     open_sections: int
     """Sections entered that neither exited nor were killed."""
@@ -153,11 +166,28 @@ class RunReport:
     without its ``exit`` record, so the section's end was never checked. An open section of a
     task without a final state is reported by ``lost`` (or belongs to no submitted task: a
     section a fault planted)."""
+    unrelated: int = 0
+    """Of ``tasks``, the unrelated ones: tasks of no lock (``workers.unrelated``), counted in
+    ``ran``, ``failed`` or ``lost`` like the others but with no section of their own."""
+    unrelated_latency_seconds: tuple[float, ...] = ()
+    """Per unrelated task that succeeded: its result's ``date_done`` minus its submit time."""
+    preempted: int = 0
+    """Sections that exited with outcome ``"preempted"``: a newer ``preempt`` call broke their
+    lock. Their exit must be recorded before the newer call's enter like any other hand-over:
+    a preempt excuses no overlap (an overlap with a preempted section is a violation unless a
+    fault explains it, as for any section). Their tasks are counted in ``failed``."""
+    gate: bool | None = None
+    """Whether the workers ran with the gate (None: not known, e.g. an external fleet)."""
+    gate_held_max: int | None = None
+    """The most messages the fleet's gates held at one look during the run (asked every
+    second); None if never asked."""
     broker_dropped_task_ids: tuple[str, ...] = ()
     """Tasks with no final state that never started and whose message the broker no longer
-    held, submitted before the end of a broker restart of the run: dropped by the broker's
-    transport before any worker ran them (:mod:`workers.whereabouts`). Not counted in ``lost``;
-    such a task submitted after the last restart was over, or in a run without one, is lost."""
+    held, submitted before the end of a broker restart of the run, or received by no worker
+    (by their logs) and submitted before a fault killed a worker's main process: dropped by the
+    broker's transport before any worker ran them (:mod:`workers.whereabouts`: popped, and
+    lost with the broker or the consumer before it was recorded as delivered). Not counted in
+    ``lost``; any other such task is lost."""
 
     @property
     def broker_dropped(self) -> int:
@@ -251,6 +281,8 @@ class _Force:
             return False
         if self.event.kind == "expired":
             return True
+        if self.event.valid_until is not None:  # the holder's own lease clock: exact
+            return entering.time >= self.event.valid_until
         timeout = self.event.session_timeout
         return timeout is not None and (
             entering.time >= self.event.time + PAUSE_EXPIRY_FRACTION * timeout
@@ -262,8 +294,10 @@ class _Replay:
     sections: dict[str, _Section] = field(default_factory=dict)
     inside: Exclusion[_Section] = field(default_factory=Exclusion)
     highest_accepted: dict[str, int] = field(default_factory=dict)
-    last_section: dict[str, _Section] = field(default_factory=dict)
-    attempts: Counter[str] = field(default_factory=Counter)
+    last_section: dict[tuple[str, str], _Section] = field(default_factory=dict)
+    """``(task id, key)`` -> the task's latest section of that key."""
+    attempts_by_key: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """``(task id, key)`` -> sections entered: a section over several keys enters each once."""
     first_enter: dict[str, float] = field(default_factory=dict)
     raw_overlaps: list[tuple[int, _Section, tuple[tuple[_Section, tuple[_Force, ...]], ...]]] = (
         field(default_factory=list)
@@ -275,6 +309,7 @@ class _Replay:
     holds: list[float] = field(default_factory=list)
     exit_times: list[float] = field(default_factory=list)
     lost_exit_times: list[float] = field(default_factory=list)
+    preempted: int = 0
     kill_times: list[tuple[float, int]] = field(default_factory=list)
     refused_times: list[float] = field(default_factory=list)
     accepted: int = 0
@@ -320,8 +355,8 @@ class _Replay:
         section = _Section(event, self.highest_accepted.get(event.key))
         self.sections[event.holder] = section
         overlapped = self.inside.enter(event.key, event.holder, event.mode == "exclusive", section)
-        self.last_section[event.task_id] = section
-        self.attempts[event.task_id] += 1
+        self.last_section[(event.task_id, event.key)] = section
+        self.attempts_by_key[(event.task_id, event.key)] += 1
         self.first_enter.setdefault(event.task_id, event.time)
         if overlapped:
             self.raw_overlaps.append(
@@ -339,6 +374,17 @@ class _Replay:
         self.exit_times.append(event.time)
         if event.outcome == "lost":
             self.lost_exit_times.append(event.time)
+        elif event.outcome == PREEMPTED_OUTCOME:
+            self.preempted += 1
+
+    @property
+    def attempts(self) -> Counter[str]:
+        """Task id -> its attempts: the sections it entered on any one key (a task over
+        several keys enters each of them once per attempt)."""
+        attempts: Counter[str] = Counter()
+        for (task_id, _), count in self.attempts_by_key.items():
+            attempts[task_id] = max(attempts[task_id], count)
+        return attempts
 
     def _write(self, event: SectionEvent) -> None:
         if not event.accepted:
@@ -371,6 +417,11 @@ def check_run(
     faults: Sequence[FaultRecord],
     leftover_nodes: int,
     never_delivered: Collection[str] = (),
+    never_received: Collection[str] = (),
+    unrelated: Collection[str] = (),
+    done_at: Mapping[str, float] | None = None,
+    gate: bool | None = None,
+    gate_held_max: int | None = None,
 ) -> RunReport:
     """Check one run; see the module docstring for what each count means.
 
@@ -379,9 +430,16 @@ def check_run(
     run's event list in Redis order; ``faults`` what the fault injector did; ``leftover_nodes``
     the znodes left under the lock root after the run; ``never_delivered`` the tasks without a
     final state that never started and whose message is not in the broker (counted as
-    ``broker_dropped`` when submitted no later than the end of a ``redis_restart`` fault that
-    ran, else as lost).
+    ``broker_dropped`` when submitted no later than the end of a ``broker_restart`` fault that
+    ran, else as lost; the load test passes none for a RabbitMQ broker, which has no window
+    that drops a message, so that every task it lost counts as lost); ``never_received`` those
+    of them that no worker's log shows received (counted as ``broker_dropped`` when submitted
+    no later than a fault that killed a worker's main process, else as lost); ``unrelated`` the
+    submitted tasks of no lock (they run no section), ``done_at`` when each task's result was
+    stored (``date_done``), for their latency; ``gate`` and ``gate_held_max`` are carried into
+    the report as given.
     """
+    done = done_at or {}
     replay = _Replay()
     for position, event in enumerate(events):
         replay.feed(position, event)
@@ -394,14 +452,17 @@ def check_run(
             return True
         if not any(force.excuses(entering.enter) for force in forces):
             return False
-        if section.outcome == "lost":
+        # The fault is the excuse; the outcome only shows the holder learned of the loss. A
+        # preempt alone never excuses: its holder must have exited before the newer call
+        # entered, and then there is no overlap.
+        if section.outcome in ("lost", PREEMPTED_OUTCOME):
             return True
         task = outcomes.get(section.enter.task_id)
         return (
             task is not None
             and task.state == "FAILURE"
             and (task.reason or "").startswith(LOST_REASON_PREFIX)
-            and replay.last_section.get(section.enter.task_id) is section
+            and replay.last_section.get((section.enter.task_id, section.enter.key)) is section
         )
 
     overlaps = tuple(
@@ -417,15 +478,25 @@ def check_run(
     )
     tally = _tally(submitted, outcomes)
     restarts_end = max(
-        (_restart_end(f) for f in faults if f.kind == "redis_restart" and f.ran), default=None
+        (_restart_end(f) for f in faults if f.kind == "broker_restart" and f.ran), default=None
     )
-    dropped: tuple[str, ...] = ()
-    if restarts_end is not None:
-        dropped = tuple(
-            t for t in tally.lost if t in never_delivered and submitted[t] <= restarts_end
+    consumers_killed = max(
+        (f.time for f in faults if f.ran and _killed_a_consumer(f)), default=None
+    )
+    dropped = tuple(
+        t
+        for t in tally.lost
+        if (restarts_end is not None and t in never_delivered and submitted[t] <= restarts_end)
+        or (
+            consumers_killed is not None
+            and t in never_received
+            and t in never_delivered
+            and submitted[t] <= consumers_killed
         )
-        tally.lost = [t for t in tally.lost if t not in dropped]
+    )
+    tally.lost = [t for t in tally.lost if t not in dropped]
     start = min(submitted.values(), default=min((e.time for e in events), default=0.0))
+    attempts = replay.attempts
     return RunReport(
         tasks=len(submitted),
         ran=len(tally.ran),
@@ -436,7 +507,7 @@ def check_run(
         revoked_overlaps=sum(1 for o in overlaps if o.revoked),
         stale_writes_accepted=len(replay.stale),
         leftover_nodes=leftover_nodes,
-        retried=sum(1 for n in replay.attempts.values() if n > 1),
+        retried=sum(1 for n in attempts.values() if n > 1),
         revocations=len(replay.lost_exit_times),
         killed_sections=sum(s.end == "killed" for s in replay.sections.values()),
         open_sections=sum(s.end is None for s in replay.sections.values()),
@@ -448,7 +519,9 @@ def check_run(
         ),
         writes_accepted=replay.accepted,
         writes_refused=len(replay.refused_times),
-        ran_without_section=sum(1 for t in tally.ran if t not in replay.first_enter),
+        ran_without_section=sum(
+            1 for t in tally.ran if t not in replay.first_enter and t not in unrelated
+        ),
         failure_reasons=dict(tally.failure_reasons),
         failure_examples=tally.failure_examples,
         faults_by_kind=_count_faults(faults),
@@ -465,8 +538,17 @@ def check_run(
         ),
         hold_seconds=tuple(replay.holds),
         throughput=_per_second(replay.exit_times, start),
-        attempts=dict(replay.attempts),
+        attempts=dict(attempts),
         broker_dropped_task_ids=dropped,
+        unrelated=len(unrelated),
+        unrelated_latency_seconds=tuple(
+            max(0.0, done[t] - submitted[t])
+            for t in unrelated
+            if t in submitted and t in done and (o := outcomes.get(t)) and o.state == "SUCCESS"
+        ),
+        preempted=replay.preempted,
+        gate=gate,
+        gate_held_max=gate_held_max,
     )
 
 
@@ -483,6 +565,14 @@ def _restart_end(fault: FaultRecord) -> float:
         return fault.ended
     down = _DOWN.search(fault.detail)
     return fault.time + (float(down.group(1)) if down else 0.0)
+
+
+def _killed_a_consumer(fault: FaultRecord) -> bool:
+    """Whether ``fault`` killed a worker's main process, the one that takes messages from the
+    broker: one it had popped and not yet recorded as delivered is gone (see ``broker_dropped``)."""
+    return fault.kind == "kill_held" or (
+        fault.kind == "kill" and fault.detail.startswith(MAIN_PROCESS_KILL)
+    )
 
 
 @dataclass
@@ -508,6 +598,8 @@ def _tally(submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome]) 
         else:
             reason = outcome.reason or outcome.state
             kind = reason.split(":", 1)[0].strip() or outcome.state
+            if kind == LOST_REASON_PREFIX and PREEMPTED in reason:
+                kind = PREEMPTED_FAILURE
             tally.failure_reasons[kind] += 1
             tally.failure_examples.setdefault(kind, reason)
     return tally
@@ -572,14 +664,16 @@ def _summary(report: RunReport) -> list[str]:
         lines.append("  lost (no final state): " + _first(r.lost_task_ids))
     if r.broker_dropped_task_ids:
         lines.append(
-            f"  dropped by the broker across its restarts (never started, message gone): "
+            f"  dropped by the broker across its restarts or a consumer's death (never "
+            f"started, message gone): "
             f"{r.broker_dropped} ({_first(r.broker_dropped_task_ids)})"
         )
     if r.ran_without_section:
         lines.append(f"  {r.ran_without_section} ran without an enter record (records missing)")
     lines.append(
-        f"sections: {len(r.hold_seconds)} exited, {r.revocations} of them after losing the lock; "
-        f"{r.killed_sections} killed, {r.open_sections} never closed"
+        f"sections: {len(r.hold_seconds)} exited, {r.revocations} of them after losing the lock"
+        + (f", {r.preempted} preempted by a newer call" if r.preempted else "")
+        + f"; {r.killed_sections} killed, {r.open_sections} never closed"
         + (
             f" ({r.unexplained_open_sections} of them of tasks that ended: records missing)"
             if r.unexplained_open_sections
@@ -615,6 +709,8 @@ def _summary(report: RunReport) -> list[str]:
                 f"{name} time: p50 {_quantile(values, 0.5):.3f} s, "
                 f"p95 {_quantile(values, 0.95):.3f} s, max {max(values):.3f} s"
             )
+    if r.unrelated:
+        lines.append(_unrelated_line(r))
     if r.throughput:
         lines.append(
             f"throughput: {sum(r.throughput) / len(r.throughput):.1f} exits/s over "
@@ -625,6 +721,20 @@ def _summary(report: RunReport) -> list[str]:
     lines.append(f"leftover znodes under the lock root: {r.leftover_nodes}")
     lines.append(r.report_line())
     return lines
+
+
+def _unrelated_line(r: RunReport) -> str:
+    """The unrelated tasks' latency, and the gate it was measured with."""
+    gate = {True: "on", False: "off", None: "unknown"}[r.gate]
+    held = "" if r.gate_held_max is None else f", at most {r.gate_held_max} held at once"
+    values = r.unrelated_latency_seconds
+    latency = (
+        f"p50 {_quantile(values, 0.5):.3f} s, p95 {_quantile(values, 0.95):.3f} s, "
+        f"p99 {_quantile(values, 0.99):.3f} s, max {max(values):.3f} s"
+        if values
+        else "none finished"
+    )
+    return f"unrelated tasks (no lock): {r.unrelated}, send to result {latency} (gate {gate}{held})"
 
 
 def _fault_lines(r: RunReport) -> list[str]:

@@ -5,7 +5,7 @@ a persistent broker Redis and a records Redis of our own, three workers (prefork
 prefork; two processes/threads each), 160 tasks over 6 keys mixing exclusive and shared
 sections that skip or wait when busy, sent over 40 s, while one fault of each kind that needs
 no ensemble or namespace strikes a worker inside a section: ``kill``, ``pause``, ``expire``,
-``redis_restart`` and ``stall_before_write``, the one whose holder writes after its successor,
+``broker_restart`` and ``stall_before_write``, the one whose holder writes after its successor,
 so the fence refuses a write in every demo (a 4 s session timeout keeps the pauses short).
 Every load test option can override a default (``--help``). It ends with the
 ``zklock-report:`` line and exits 0 only if the report is ok.
@@ -34,7 +34,7 @@ DEMO: Final = LoadConfig(
     concurrency=2,
     session_timeout=4.0,
     zk_nodes=1,
-    faults={"kill": 1, "pause": 1, "expire": 1, "redis_restart": 1, "stall_before_write": 1},
+    faults={"kill": 1, "pause": 1, "expire": 1, "broker_restart": 1, "stall_before_write": 1},
     wait_timeout=10.0,
     name="demo",
 )

@@ -14,7 +14,7 @@ same records, with the fault made by Docker:
   then ``docker network connect``.
 - ``leader``: ``docker kill`` of the ZooKeeper leader's container, then ``docker start`` once
   another node leads.
-- ``redis_restart``: ``docker kill`` and ``docker start`` of the broker's container (its
+- ``broker_restart``: ``docker kill`` and ``docker start`` of the broker's container (its
   append-only file, fsync always, keeps every message).
 - ``expire`` works as in every run (through ZooKeeper). ``blackhole`` and ``follower_partition``
   need local processes and are recorded as not run.
@@ -45,7 +45,7 @@ from workers.record import FaultRecord
 
 __all__ = ["DOCKER_FAULT_KINDS", "DockerFaultInjector"]
 
-DOCKER_FAULT_KINDS: Final = ("kill", "pause", "partition", "leader", "redis_restart", "expire")
+DOCKER_FAULT_KINDS: Final = ("kill", "pause", "partition", "leader", "broker_restart", "expire")
 """The kinds a compose run injects; the others are recorded as not run."""
 COORDINATION_NETWORK: Final = "coordination"
 SERVE_TIMEOUT: Final = 60.0
@@ -221,7 +221,7 @@ class DockerFaultInjector(FaultInjector):
             time.sleep(0.1)
         return None
 
-    def _redis_restart(self) -> FaultRecord:
+    def _broker_restart(self) -> FaultRecord:
         self._under_load()
         container = self.compose.container("redis")
         url = self.compose.broker_url()
@@ -240,7 +240,7 @@ class DockerFaultInjector(FaultInjector):
             raise _NotRun(f"the broker did not answer {SERVE_TIMEOUT:g} s after docker start")
         detail = f"docker kill and docker start of the broker's container; down {down:.2f} s"
         return FaultRecord(
-            "redis_restart", killed_at, f"broker Redis ({container.name})", True, detail, ended
+            "broker_restart", killed_at, f"broker Redis ({container.name})", True, detail, ended
         )
 
     def _blackhole(self) -> FaultRecord:

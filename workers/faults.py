@@ -30,18 +30,22 @@ from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.processes import pid_alive
+from celery_zklock.testing.rabbitmq import RabbitMQServer
 from celery_zklock.testing.zookeeper import four_letter_word, partition_unavailable_reason
 from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
 from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
 from workers.record import (
+    FAULT_ALIASES,
     FAULT_KINDS,
+    MAIN_PROCESS_KILL,
     FaultLog,
     FaultRecord,
     SectionEvent,
     SectionRecorder,
     events_key,
 )
+from workers.settings import is_amqp
 from workers.tasks import EXCLUSIVE_TASK
 
 __all__ = [
@@ -51,6 +55,8 @@ __all__ = [
     "describe_plan",
     "expire_session",
     "fault_order",
+    "gate_holdings",
+    "held_at_gates",
     "kill_process",
     "parse_faults",
     "quiet_kazoo_logger",
@@ -72,6 +78,12 @@ QUEUE_TIMEOUT: Final = 15.0
 """Seconds a planted section may take to enter, or a waiter to queue, in one worker."""
 CHATTER_PER_SESSION: Final = 4
 """Requests per session timeout the chatter sends (kazoo pings after T/3 without a send)."""
+HELD_TARGET_WAIT: Final = 5.0
+"""Seconds ``kill_held`` waits for a gate holding workload messages before it plants some."""
+PLANTED_HELD: Final = 2
+"""Waiters ``kill_held`` plants behind its planted holder, for the gate to hold."""
+GATE_REPLY_TIMEOUT: Final = 1.0
+"""Seconds to wait for the workers' gates to say what they hold (``zklock_held``)."""
 
 # ------------------------------------------------------------------------------------ plans
 
@@ -87,6 +99,7 @@ def parse_faults(text: str) -> dict[str, int]:
             continue
         kind, sep, count_text = entry.partition(":")
         kind = kind.strip().replace("-", "_")
+        kind = FAULT_ALIASES.get(kind, kind)
         try:
             count = int(count_text) if sep else 1
         except ValueError:
@@ -206,6 +219,34 @@ def kill_process(pid: int, timeout: float = 10.0) -> float:
     return time.monotonic() - started
 
 
+def held_at_gates(
+    app: Any, timeout: float = GATE_REPLY_TIMEOUT, destination: Sequence[str] | None = None
+) -> dict[str, dict[str, int]]:
+    """Messages held at each answering worker's gate now (of ``destination``'s workers, if
+    given): ``{node name: {lock path: count}}``, from the ``zklock_held`` inspect command (a
+    worker without a gate, or holding nothing, answers ``{}``)."""
+    replies = (
+        app.control.broadcast(
+            "zklock_held",
+            reply=True,
+            timeout=timeout,
+            destination=destination,
+            limit=len(destination) if destination else None,
+        )
+        or []
+    )
+    return {
+        node: {path: int(held.get("held", 0)) for path, held in (paths or {}).items()}
+        for reply in replies
+        for node, paths in reply.items()
+    }
+
+
+def gate_holdings(app: Any, timeout: float = GATE_REPLY_TIMEOUT) -> dict[str, int]:
+    """Messages held at each answering worker's gate now: ``{node name: count}``."""
+    return {node: sum(paths.values()) for node, paths in held_at_gates(app, timeout).items()}
+
+
 def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = POLL) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -275,7 +316,14 @@ class FaultEnvironment:
     session_timeout: float
     fleet: Fleet | None = None
     zookeeper: ZooKeeperServer | ZooKeeperEnsemble | None = None
-    broker: RedisServer | None = None
+    broker: RedisServer | RabbitMQServer | None = None
+
+
+def _redelivery(fleet: Fleet) -> str:
+    """When the broker of ``fleet`` hands out again the messages of a worker that died."""
+    if is_amqp(fleet.settings.broker_url):
+        return "when the broker sees the worker's connection close (RabbitMQ)"
+    return f"after the broker's visibility timeout ({fleet.settings.visibility_timeout:g} s)"
 
 
 @dataclass(frozen=True)
@@ -298,7 +346,9 @@ class _Target:
 
 @dataclass(frozen=True)
 class _Waiter:
-    """A planted section queued behind a planted holder: its task id, worker and lock node."""
+    """A planted section queued behind a planted holder: its task id, worker and lock node
+    (empty when it waits held at its worker's gate, which hands it to the pool once the lock
+    can be granted)."""
 
     task_id: str
     worker: FleetWorker
@@ -322,8 +372,9 @@ class FaultInjector:
     """Runs a fault plan against a run (see the module docstring).
 
     ``gap`` seconds separate two faults; a fault that needs a holder waits up to
-    ``target_timeout`` seconds for one. Call :meth:`close` at the end (it also undoes a fault
-    interrupted half-way: resumes a paused process, heals a cut link).
+    ``target_timeout`` seconds for one; ``kill_held`` waits up to ``held_wait`` seconds for a
+    gate holding workload messages before it plants some. Call :meth:`close` at the end (it
+    also undoes a fault interrupted half-way: resumes a paused process, heals a cut link).
     """
 
     def __init__(
@@ -334,8 +385,10 @@ class FaultInjector:
         seed: int = 0,
         gap: float = 1.0,
         target_timeout: float = 30.0,
+        held_wait: float = HELD_TARGET_WAIT,
     ) -> None:
         self.env = env
+        self.held_wait = held_wait
         self.order = fault_order(plan, seed)
         self.records: list[FaultRecord] = []
         self.gap = gap
@@ -535,10 +588,7 @@ class FaultInjector:
                 restarted = f"the fleet restarted the worker in {time.monotonic() - started:.1f} s"
             except Exception as exc:  # the kill happened: record it, with why the worker is down
                 restarted = f"the worker did not restart: {exc}"
-            detail = (
-                f"SIGKILL of the worker's main process; {restarted}; its messages return after "
-                "the broker's visibility timeout"
-            )
+            detail = f"{MAIN_PROCESS_KILL}; {restarted}; its messages return {_redelivery(fleet)}"
         else:
             took = kill_process(event.pid)
             self._recorder.record_kill(event.hostname, event.pid, time.time())
@@ -547,6 +597,99 @@ class FaultInjector:
                 "it and its message is requeued"
             )
         return FaultRecord("kill", killed_at, described, True, detail)
+
+    def _kill_held(self) -> FaultRecord:
+        """SIGKILL of a whole worker, main process and pool at once, while its gate holds
+        messages: a workload worker's if one holds some within ``held_wait`` seconds, else one
+        made to hold :data:`PLANTED_HELD` behind a planted section. Every section open in it is
+        recorded killed; the fleet restarts it; the held messages, never acknowledged, come
+        back after the broker's visibility timeout."""
+        fleet = self._local_fleet()
+        if not fleet.settings.gate:
+            raise _Unavailable("the fleet runs without the gate (--gate off)")
+        found = self._worker_holding(fleet)
+        if found is not None:
+            return self._kill_whole(fleet, *found, planted=False)
+        worker = self._gated_worker(fleet)
+        with self._planted_holder(worker, "kill_held") as holder:
+            for _ in range(PLANTED_HELD):
+                self._send_section(worker, holder.event.key, WAITER_HOLD_MS, QUEUE_TIMEOUT)
+            held: list[int] = []
+
+            def holding() -> bool:
+                held[:] = [self._holdings(fleet.app).get(worker.nodename, 0)]
+                return held[0] > 0 or self._stop.is_set()
+
+            if not _wait_for(holding, QUEUE_TIMEOUT, 0.2) or not held[0]:
+                raise _NotRun(
+                    f"the gate of worker {worker.label} held none of {PLANTED_HELD} waiters "
+                    f"planted behind a section within {QUEUE_TIMEOUT:g} s"
+                )
+            return self._kill_whole(fleet, worker, held[0], planted=True)
+
+    def _holdings(self, app: Any) -> dict[str, int]:
+        try:
+            return gate_holdings(app)
+        except Exception:  # the broker restarting: no answer this time
+            return {}
+
+    def _worker_holding(self, fleet: Fleet) -> tuple[FleetWorker, int] | None:
+        """A running worker whose gate holds workload messages, and how many; None if none
+        did within ``held_wait`` seconds."""
+        deadline = time.monotonic() + self.held_wait
+        while not self._stop.is_set():
+            holdings = self._holdings(fleet.app)
+            candidates = [
+                (worker, holdings[worker.nodename])
+                for worker in fleet
+                if holdings.get(worker.nodename, 0) > 0 and worker.is_running()
+            ]
+            if candidates:
+                return self._rng.choice(candidates)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+        raise _NotRun("the run ended before a target was found")
+
+    def _gated_worker(self, fleet: Fleet) -> FleetWorker:
+        """A running workload worker with a gate (gevent workers have none)."""
+        candidates = [
+            w for w in fleet if w.is_running() and not w.spec.queues and w.spec.pool != "gevent"
+        ]
+        if not candidates:
+            raise _NotRun("no running worker with a gate to plant held messages in")
+        return self._rng.choice(candidates)
+
+    def _kill_whole(
+        self, fleet: Fleet, worker: FleetWorker, held: int, *, planted: bool
+    ) -> FaultRecord:
+        pids = worker.process_ids()
+        described = (
+            f"{worker.nodename} ({worker.spec.pool} x{worker.spec.concurrency}, main process "
+            f"pid {worker.pid}) holding {held} messages at its gate"
+        )
+        killed_at = time.time()
+        worker.kill()  # SIGKILL to its process group: the main process and its pool at once
+        _wait_for(lambda: not any(pid_alive(pid) for pid in pids), 10.0)
+        now = time.time()
+        # Read after every process is gone: a section entered just before the kill is included.
+        dead = {(e.hostname, e.pid) for e in self._sections.refresh()}
+        for hostname, pid in sorted(dead):
+            if hostname == worker.nodename:
+                self._recorder.record_kill(hostname, pid, now)
+        started = time.monotonic()
+        try:
+            fleet.restart(worker)
+            restarted = f"the fleet restarted it in {time.monotonic() - started:.1f} s"
+        except Exception as exc:  # the kill happened: record it, with why the worker is down
+            restarted = f"it did not restart: {exc}"
+        detail = (
+            f"{MAIN_PROCESS_KILL} and pool ({len(pids)} processes) while its gate held "
+            f"messages ({held} at its last answer{', planted behind a section' if planted else ''}"
+            "); "
+            f"{restarted}; the held messages, never acknowledged, return {_redelivery(fleet)}"
+        )
+        return FaultRecord("kill_held", killed_at, described, True, detail)
 
     def _still_holding(self, target: _Target) -> bool:
         """True if ``target``'s lock node still belongs to its session (checked after a fault
@@ -642,11 +785,16 @@ class FaultInjector:
                 raise _NotRun(f"the holder did not reach its write within {QUEUE_TIMEOUT:g} s")
             if not _wait_for(lambda: _stopped(pid), QUEUE_TIMEOUT):
                 raise _NotRun(f"the holder did not stop itself within {QUEUE_TIMEOUT:g} s")
-            # Stamped with the holder's own clock just before it stopped (its `writing` event):
-            # the checker's pause rule then excuses only a successor granted once the session
-            # can be gone, as for `pause`.
+            # Stamped with the holder's own clock just before it stopped (its `writing` event),
+            # with its lease's validity then: the checker excuses only a successor granted once
+            # the holder's own lease clock had given the lock up.
             self._recorder.record_forced_loss(
-                "paused", hostname, pid, writing.time, session_timeout=self.env.session_timeout
+                "paused",
+                hostname,
+                pid,
+                writing.time,
+                session_timeout=self.env.session_timeout,
+                valid_until=writing.valid_until,
             )
             gone = self._wait_node_gone(target.event.node, self._expiry_deadline())
             if gone is None:  # resumed with its session: the pause excuses nothing
@@ -765,18 +913,21 @@ class FaultInjector:
             detail += f" (a section planted after {NATURAL_HOLDER_WAIT:g} s without one there)"
         return FaultRecord("partition", cut_at, target.describe(), True, detail)
 
-    def _redis_restart(self) -> FaultRecord:
+    def _broker_restart(self) -> FaultRecord:
+        """SIGKILL of the local broker (Redis or RabbitMQ) under load, then a restart on the
+        same port and data; ``ended`` is when it serves again."""
         broker = self.env.broker
         if broker is None:
-            raise _Unavailable("external run: the broker is not a local Redis")
+            raise _Unavailable("external run: the broker is not a local Redis or RabbitMQ")
+        name = "Redis" if isinstance(broker, RedisServer) else "RabbitMQ"
         self._under_load()
         port = broker.port
         killed_at = time.time()
         down = broker.restart()
         ended = time.time()
-        detail = f"SIGKILL and restart of the broker Redis; down {down:.2f} s"
+        detail = f"SIGKILL and restart of the broker {name}; down {down:.2f} s"
         return FaultRecord(
-            "redis_restart", killed_at, f"broker Redis on port {port}", True, detail, ended
+            "broker_restart", killed_at, f"broker {name} on port {port}", True, detail, ended
         )
 
     # -- planted sections ---------------------------------------------------------------
@@ -879,8 +1030,9 @@ class FaultInjector:
         workers: Sequence[FleetWorker] = (),
     ) -> tuple[_Waiter | None, list[str]]:
         """Queue a short exclusive section on the holder's key in another worker (one of
-        ``workers`` if given); return it once its contender node is in the queue (None if no
-        worker got it there in time), and why other tries did not count."""
+        ``workers`` if given); return it once its contender node is in the queue, or it is held
+        at that worker's gate (None if no worker got it there in time), and why other tries did
+        not count."""
         fleet = self._local_fleet()
         parent = posixpath.dirname(holder.event.node)
         known = {posixpath.basename(holder.event.node)}
@@ -892,12 +1044,34 @@ class FaultInjector:
         misses: list[str] = []
         for worker in candidates[:3]:
             task_id = self._send_section(worker, holder.event.key, WAITER_HOLD_MS, wait)
-            node = self._wait_new_child(parent, known, QUEUE_TIMEOUT, client)
+            node = self._wait_queued(worker, parent, known, client)
             if node is None:
                 misses.append(f"{worker.label} did not queue it within {QUEUE_TIMEOUT:g} s")
                 continue
             return _Waiter(task_id, worker, node), misses
         return None, misses
+
+    def _wait_queued(
+        self, worker: FleetWorker, parent: str, known: set[str], client: KazooClient | None
+    ) -> str | None:
+        """Once a waiter sent to ``worker`` waits for ``parent``'s lock: its contender node (a
+        pool run queued in ZooKeeper), or "" when ``worker``'s gate holds a message of that
+        lock (the gate, not the pool, waits for it to free); None after
+        :data:`QUEUE_TIMEOUT`."""
+        deadline = time.monotonic() + QUEUE_TIMEOUT
+        while not self._stop.is_set():
+            node = self._wait_new_child(parent, known, GATE_REPLY_TIMEOUT, client)
+            if node is not None:
+                return node
+            try:
+                held = held_at_gates(self._local_fleet().app, destination=[worker.nodename])
+            except Exception:  # the broker restarting: look again
+                held = {}
+            if held.get(worker.nodename, {}).get(parent, 0) > 0:
+                return ""
+            if time.monotonic() >= deadline:
+                return None
+        return None
 
     def _wait_new_child(
         self, parent: str, known: set[str], timeout: float, client: KazooClient | None

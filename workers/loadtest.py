@@ -19,8 +19,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final, TextIO
 
@@ -32,6 +34,7 @@ from kazoo.exceptions import NoNodeError
 
 from celery_zklock import is_skipped
 from celery_zklock.cli import Subcommand
+from celery_zklock.locks.rate import RATE_NODE
 from celery_zklock.testing import (
     RedisServer,
     StackError,
@@ -40,6 +43,7 @@ from celery_zklock.testing import (
     ZooKeeperServer,
 )
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
+from celery_zklock.testing.rabbitmq import RabbitMQServer
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from celery_zklock.validate import argument, positive_int, seconds
 from workers.app import create_app
@@ -51,6 +55,7 @@ from workers.faults import (
     FaultEnvironment,
     FaultInjector,
     describe_plan,
+    gate_holdings,
     parse_faults,
     quiet_kazoo_logger,
 )
@@ -58,12 +63,14 @@ from workers.fleet import Fleet, WorkerSpec
 from workers.netns import Namespace, NetnsError, blackhole_unavailable_reason, unavailable_reason
 from workers.record import FAULT_KINDS, FaultLog, FaultRecord, Mode, SectionRecorder
 from workers.report import write_reports
-from workers.settings import POOLS, Settings
-from workers.tasks import TASK_FOR_MODE
+from workers.settings import POOLS, Settings, is_amqp
+from workers.tasks import PAIR_TASK, TASK_FOR_MODE, UNRELATED_TASK
 from workers.whereabouts import whereabouts
 
 __all__ = [
     "COMMAND",
+    "HOT_KEY",
+    "SCENARIOS",
     "External",
     "LoadConfig",
     "WorkItem",
@@ -76,6 +83,12 @@ __all__ = [
 ]
 
 POLL: Final = 0.25
+SCENARIOS: Final = ("mixed", "hot-key")
+"""``mixed``: the locked tasks spread over ``--keys``; ``hot-key``: a share of them
+(``--hot-share``) are exclusive ``wait`` sections on the one key :data:`HOT_KEY`."""
+HOT_KEY: Final = "hot"
+HELD_LOOK_EVERY: Final = 1.0
+"""Seconds between two looks at what the fleet's gates hold (the report's most held at once)."""
 RESULT_KEY_PREFIX: Final = str(KeyValueStoreBackend.task_keyprefix)
 SEND_ATTEMPTS: Final = 5
 """Times the sender tries to publish one task before it gives up (and stops sending)."""
@@ -98,15 +111,18 @@ FAULT_SECONDS: Final[Mapping[str, float]] = {
     "expire": 1.0,
     "leader": 4.0,
     "partition": 2.5,
-    "redis_restart": 2.0,
+    "broker_restart": 2.0,
     "blackhole": 4.0,
     "follower_partition": 5.0,
     "stall_before_write": 3.0,
+    "kill_held": 6.0,
 }
 WAITS_FOR_EXPIRY: Final = frozenset(
     {"pause", "partition", "blackhole", "follower_partition", "stall_before_write"}
 )
 NETNS_FAULTS: Final = frozenset({"partition", "blackhole"})
+BROKER_KINDS: Final = ("redis", "amqp")
+"""``--broker-kind``: the broker of a fleet the run starts itself."""
 
 
 @dataclass(frozen=True)
@@ -134,13 +150,24 @@ class LoadConfig:
     keys: int = 8
     shared_ratio: float = 0.3
     skip_ratio: float = 0.3
+    rate_ratio: float = 0.0
+    rate: str = "5/s"
+    preempt_ratio: float = 0.0
+    pair_ratio: float = 0.0
     hold_ms: int = 200
+    hold_spread: float = 0.5
+    scenario: str = "mixed"
+    hot_share: float = 0.5
+    hot_hold_ms: int | None = None
+    unrelated: int | None = None
+    gate: bool = True
     duration: float | None = None
     workers: int = 4
     pools: tuple[str, ...] = ("prefork", "threads")
     concurrency: int = 2
     session_timeout: float = 10.0
     zk_nodes: int = 1
+    broker_kind: str = "redis"
     faults: Mapping[str, int] = field(default_factory=dict)
     seed: int = 0
     out_dir: Path | None = None
@@ -157,11 +184,18 @@ class LoadConfig:
     progress: bool | None = None
     name: str = "loadtest"
 
+    def effective_unrelated(self) -> int:
+        """Unrelated tasks (no lock) to send: as set, else as many as locked tasks in the
+        ``hot-key`` scenario and none in ``mixed``."""
+        if self.unrelated is not None:
+            return self.unrelated
+        return self.tasks if self.scenario == "hot-key" else 0
+
     def effective_visibility_timeout(self) -> float:
         """The broker's visibility timeout: longer than a task may take (wait, then hold)."""
         if self.visibility_timeout is not None:
             return self.visibility_timeout
-        return self.wait_timeout + 3 * self.hold_ms / 1000.0 + 10.0
+        return self.wait_timeout + 3 * max(self.hold_ms, self.hot_hold_ms or 0) / 1000.0 + 10.0
 
     def effective_result_timeout(self) -> float:
         """Seconds to wait for final states after the last send: enough for a message to be
@@ -201,26 +235,74 @@ class LoadConfig:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One task to send."""
+    """One task to send: a section (``mode``, ``on_busy``, ``key``, ``hold_ms``), or with
+    ``unrelated`` the task of no lock (the other fields then mean nothing)."""
 
     mode: Mode
     on_busy: str
     key: str
     hold_ms: int
+    unrelated: bool = False
+    rate: str | None = None
+    key_b: str | None = None
+    """A pair section's second key (``workers.pair_section`` locks ``key`` and this one)."""
+
+
+UNRELATED_ITEM: Final = WorkItem("exclusive", "", "", 0, unrelated=True)
 
 
 def plan_workload(config: LoadConfig) -> list[WorkItem]:
-    """``config.tasks`` items; deterministic for ``config.seed`` (see the module docstring)."""
+    """``config.tasks`` sections and ``config.effective_unrelated()`` unrelated tasks;
+    deterministic for ``config.seed``.
+
+    A section is shared with ``shared_ratio``, skips when busy with ``skip_ratio`` (else waits)
+    and takes one of ``keys`` keys; in the ``hot-key`` scenario it is first, with
+    ``hot_share``, an exclusive ``wait`` section on :data:`HOT_KEY`. It holds ``hold_ms``
+    (on the hot key ``hot_hold_ms``, if set) +-``hold_spread``. Unrelated tasks are spread
+    evenly among the sections: the one numbered j of m follows the section numbered
+    ``floor(j * tasks / m)``.
+
+    Off the hot key, with ``pair_ratio`` a section is a pair section (exclusive, over its key
+    and another of the ``keys``: ``workers.pair_section``); else (on the hot key too) with
+    ``preempt_ratio`` it is sent with ``on_busy="preempt"``. Neither has a ``lock_rate``. A
+    preempt lands only on a holder that holds longer than its lease's renewal interval (its
+    node is read for break requests from then on; a shorter hold ends as usual): the hot key's
+    long holds are where most preempts end a holder. These draws come from their own
+    generator: with both ratios at 0 the plan is the same as without them."""
     rng = random.Random(config.seed)
-    return [
-        WorkItem(
-            mode="shared" if rng.random() < config.shared_ratio else "exclusive",
-            on_busy="skip" if rng.random() < config.skip_ratio else "wait",
-            key=f"key-{rng.randrange(config.keys)}",
-            hold_ms=max(1, round(config.hold_ms * rng.uniform(0.5, 1.5))),
-        )
-        for _ in range(config.tasks)
-    ]
+    rated = random.Random(config.seed + 1)  # its own draws: the rest of the plan is unchanged
+    mixed = random.Random(config.seed + 2)  # pair and preempt sections: their own draws too
+    low, high = 1 - config.hold_spread, 1 + config.hold_spread
+    sections = []
+    mode: Mode
+    for _ in range(config.tasks):
+        hold = config.hold_ms
+        if config.scenario == "hot-key" and rng.random() < config.hot_share:
+            mode, on_busy, key = "exclusive", "wait", HOT_KEY
+            hold = config.hot_hold_ms or hold
+        else:
+            mode = "shared" if rng.random() < config.shared_ratio else "exclusive"
+            on_busy = "skip" if rng.random() < config.skip_ratio else "wait"
+            key = f"key-{rng.randrange(config.keys)}"
+        hold_ms = max(1, round(hold * rng.uniform(low, high)))
+        rate = config.rate if key != HOT_KEY and rated.random() < config.rate_ratio else None
+        key_b = None
+        if key != HOT_KEY and config.keys > 1 and mixed.random() < config.pair_ratio:
+            mode, rate = "exclusive", None
+            other = mixed.randrange(config.keys - 1)
+            key_b = f"key-{other + (other >= int(key.removeprefix('key-')))}"
+        elif mixed.random() < config.preempt_ratio:
+            on_busy, rate = "preempt", None
+        sections.append(WorkItem(mode, on_busy, key, hold_ms, rate=rate, key_b=key_b))
+    unrelated = config.effective_unrelated()
+    if not sections:
+        return [UNRELATED_ITEM] * unrelated
+    after = Counter(j * len(sections) // unrelated for j in range(unrelated))
+    plan = []
+    for index, item in enumerate(sections):
+        plan.append(item)
+        plan.extend([UNRELATED_ITEM] * after[index])
+    return plan
 
 
 # ---------------------------------------------------------------------------- the run's parts
@@ -236,7 +318,7 @@ class _Run:
     records: Any
     fleet: Fleet | None = None
     zookeeper: ZooKeeperServer | ZooKeeperEnsemble | None = None
-    broker: RedisServer | None = None
+    broker: RedisServer | RabbitMQServer | None = None
     namespaces: list[Namespace] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     external: External | None = None
@@ -250,6 +332,12 @@ class _Progress:
         self.lock = threading.Lock()
         self.submitted: dict[str, float] = {}
         self.outcomes: dict[str, TaskOutcome] = {}
+        self.unrelated: set[str] = set()
+        """The submitted tasks of no lock."""
+        self.done_at: dict[str, float] = {}
+        """Task id -> when its final state was stored (the result's ``date_done``)."""
+        self.held_max: int | None = None
+        """The most messages the fleet's gates held at one look (None: no look answered)."""
         self.sending_done = threading.Event()
         self.collecting_done = threading.Event()
         self.send_error: BaseException | None = None
@@ -291,7 +379,7 @@ def _send_all(
             if stop.wait(max(0.0, due - time.monotonic())):
                 return
             hold_ms = item.hold_ms
-            if reserve_from is not None and index >= reserve_from:
+            if reserve_from is not None and index >= reserve_from and not item.unrelated:
                 while faults_pending() and progress.in_flight() >= min(
                     min_in_flight, RESERVE_IN_FLIGHT
                 ):
@@ -302,11 +390,22 @@ def _send_all(
             task_id = str(uuid.uuid4())
             for attempt in range(1, SEND_ATTEMPTS + 1):
                 try:
-                    app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
-                        (run_id, item.key, hold_ms),
-                        task_id=task_id,
-                        zklock={"on_busy": item.on_busy, "timeout": config.wait_timeout},
-                    )
+                    if item.unrelated:
+                        app.tasks[UNRELATED_TASK].apply_async((run_id,), task_id=task_id)
+                    else:
+                        options = {"on_busy": item.on_busy, "timeout": config.wait_timeout}
+                        if item.rate is not None:
+                            options["rate"] = item.rate  # lock_rate, per call
+                        if item.key_b is not None:
+                            app.tasks[PAIR_TASK].apply_async(
+                                (run_id, item.key, item.key_b, hold_ms),
+                                task_id=task_id,
+                                zklock=options,
+                            )
+                        else:
+                            app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
+                                (run_id, item.key, hold_ms), task_id=task_id, zklock=options
+                            )
                     break
                 except Exception as exc:
                     # kombu 5.7's publish retry can itself fail across a broker restart
@@ -318,6 +417,8 @@ def _send_all(
                         return
             with progress.lock:
                 progress.submitted[task_id] = time.time()
+                if item.unrelated:
+                    progress.unrelated.add(task_id)
     except BaseException as exc:
         progress.send_error = exc
     finally:
@@ -341,10 +442,14 @@ def _collect(
             if pending:
                 keys = [f"{RESULT_KEY_PREFIX}{t}" for t in pending]
                 for task_id, raw in zip(pending, client.mget(keys), strict=True):
-                    outcome = _outcome(task_id, raw)
-                    if outcome is not None:
+                    meta = None if raw is None else json.loads(raw)
+                    outcome = _outcome(task_id, meta)
+                    if meta is not None and outcome is not None:
                         with progress.lock:
                             progress.outcomes[task_id] = outcome
+                            done = _done_at(meta)
+                            if done is not None:
+                                progress.done_at[task_id] = done
             if progress.sending_done.is_set():
                 if deadline is None:
                     deadline = time.monotonic() + timeout
@@ -358,11 +463,10 @@ def _collect(
         on_done()
 
 
-def _outcome(task_id: str, raw: bytes | None) -> TaskOutcome | None:
+def _outcome(task_id: str, meta: Mapping[str, Any] | None) -> TaskOutcome | None:
     """The final outcome in a stored result, or None if there is none (yet)."""
-    if raw is None:
+    if meta is None:
         return None
-    meta = json.loads(raw)
     state = str(meta.get("status"))
     if state == "SUCCESS":
         return TaskOutcome(task_id, state, skipped=is_skipped(meta.get("result")))
@@ -375,6 +479,28 @@ def _outcome(task_id: str, raw: bytes | None) -> TaskOutcome | None:
             return TaskOutcome(task_id, state, reason=f"{result['exc_type']}: {message}")
         return TaskOutcome(task_id, state, reason=state)
     return None
+
+
+def _done_at(meta: Mapping[str, Any]) -> float | None:
+    """When a stored result was stored (its ``date_done``, ISO 8601 in UTC), as ``time.time()``."""
+    try:
+        done = datetime.fromisoformat(str(meta["date_done"]))
+    except (KeyError, ValueError):
+        return None
+    return (done if done.tzinfo else done.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _watch_gates(app: Celery, progress: _Progress, stop: threading.Event) -> None:
+    """Every :data:`HELD_LOOK_EVERY` s until ``stop``: ask the workers' gates what they hold
+    (``zklock_held``) and keep the most held at one look in ``progress.held_max``; runs in its
+    own thread. A look that fails (a broker restart) is skipped."""
+    while not stop.wait(HELD_LOOK_EVERY):
+        try:
+            held = sum(gate_holdings(app, timeout=HELD_LOOK_EVERY / 2).values())
+        except Exception:
+            continue
+        with progress.lock:
+            progress.held_max = max(progress.held_max or 0, held)
 
 
 @contextlib.contextmanager
@@ -422,10 +548,18 @@ def _progress_line(
 def _start_local(
     config: LoadConfig, run_id: str, log_dir: Path, cleanup: contextlib.ExitStack
 ) -> _Run:
-    """Start namespaces, ZooKeeper, both Redis servers and the fleet; register their stops."""
+    """Start namespaces, ZooKeeper, the broker (Redis, or RabbitMQ with ``--broker-kind amqp``),
+    the records Redis and the fleet; register their stops."""
     notes: list[str] = []
     namespaces: list[Namespace] = []
     wanted = min(config.effective_netns_workers(), config.workers)
+    if wanted and config.broker_kind == "amqp":
+        kinds = " and ".join(k for k in FAULT_KINDS if k in NETNS_FAULTS)
+        notes.append(
+            f"{kinds} faults will not run: no worker runs in a network namespace with "
+            "--broker-kind amqp (the RabbitMQ node listens on the loopback address only)"
+        )
+        wanted = 0
     if wanted:
         reason = unavailable_reason()
         if reason is not None:
@@ -459,7 +593,11 @@ def _start_local(
     else:
         zookeeper = ZooKeeperServer(client_address=address)
     bind = [namespace.redis_address for namespace in namespaces]
-    broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
+    broker: RedisServer | RabbitMQServer
+    if config.broker_kind == "amqp":
+        broker = RabbitMQServer()
+    else:
+        broker = RedisServer(appendonly=True, appendfsync="always", bind=bind)
     records = RedisServer(bind=bind)
     for server in (zookeeper, broker, records):
         cleanup.callback(server.stop)
@@ -472,6 +610,7 @@ def _start_local(
         session_timeout=config.session_timeout,
         zk_root=config.zk_root,
         visibility_timeout=config.effective_visibility_timeout(),
+        gate=config.gate,
     )
     run = _client_side(config, run_id, settings, cleanup)
     pools = [config.pools[index % len(config.pools)] for index in range(config.workers)]
@@ -553,12 +692,29 @@ def _start_external(
 
 
 def count_nodes(client: KazooClient, path: str) -> int:
-    """Znodes strictly below ``path`` (0 if it does not exist)."""
+    """Znodes strictly below ``path`` (0 if it does not exist) that locks left behind. A
+    rate-limited key's admissions are not among them: :mod:`celery_zklock.locks.rate` keeps
+    them for a period by design (at most N per key), under ``<lock path>/rate``, and a lock
+    node kept only by them is not counted either."""
+    return _left_and_rated(client, path)[0]
+
+
+def _left_and_rated(client: KazooClient, path: str) -> tuple[int, bool]:
+    """(left-behind nodes below ``path``, whether any rate-limit state is there)."""
     try:
         children = client.get_children(path)
     except NoNodeError:
-        return 0
-    return sum(1 + count_nodes(client, f"{path.rstrip('/')}/{child}") for child in children)
+        return 0, False
+    left, rated = 0, False
+    for child in children:
+        if child == RATE_NODE:
+            rated = True
+            continue
+        below, child_rated = _left_and_rated(client, f"{path.rstrip('/')}/{child}")
+        rated = rated or child_rated
+        if below or not child_rated:
+            left += 1 + below
+    return left, rated
 
 
 def _leftover_nodes(hosts: str, root: str, timeout: float) -> int:
@@ -630,7 +786,10 @@ def _describe_start(
     if run.zookeeper is not None:
         kind = f"{config.zk_nodes}-node ensemble" if config.zk_nodes > 1 else "standalone"
         say(f"stack: ZooKeeper {run.settings.zk_hosts} ({kind}), up in {took:.1f} s")
-        say(f"  broker Redis {run.settings.broker_url} (append-only, fsync always)")
+        if is_amqp(run.settings.broker_url):
+            say(f"  broker RabbitMQ {run.settings.broker_url} (a private node, publisher confirms)")
+        else:
+            say(f"  broker Redis {run.settings.broker_url} (append-only, fsync always)")
         say(f"  records, fence and results Redis {run.settings.record_url}")
     else:
         say(f"external fleet: ZooKeeper {run.settings.zk_hosts}, broker {run.settings.broker_url}")
@@ -638,11 +797,29 @@ def _describe_start(
         say(f"worker {worker.describe()}")
     if run.fleet is not None and config.keep_logs:
         say(f"worker logs: {log_dir}")
+    unrelated = config.effective_unrelated()
+    if config.scenario == "hot-key":
+        say(
+            f"scenario hot-key: {config.hot_share:.0%} of the locked tasks are exclusive and "
+            f"wait on key {HOT_KEY!r}, holding {config.hot_hold_ms or config.hold_ms} ms; "
+            "the rest as below"
+        )
+    if unrelated:
+        say(f"unrelated traffic: {unrelated} tasks of no lock spread among the locked ones")
+    if run.fleet is not None:
+        say(f"gate: {'on' if config.gate else 'off'} (ZKLOCK_GATE)")
     say(
         f"workload: {config.tasks} tasks over {config.keys} keys, "
         f"shared {config.shared_ratio:.0%}, "
         f"skip when busy {config.skip_ratio:.0%} (else wait up to {config.wait_timeout:.0f} s), "
-        f"hold {config.hold_ms} ms +-50%, sent over {config.effective_duration():.0f} s; "
+        f"rate-limited {config.rate_ratio:.0%} (zklock['rate']={config.rate!r}), "
+        + (
+            f"two keys at once {config.pair_ratio:.0%}, preempt {config.preempt_ratio:.0%}, "
+            if config.pair_ratio or config.preempt_ratio
+            else ""
+        )
+        + f"hold {config.hold_ms} ms +-{config.hold_spread:.0%}, "
+        f"sent over {config.effective_duration():.0f} s; "
         f"session timeout {run.settings.session_timeout:g} s, visibility timeout "
         f"{run.settings.visibility_timeout:g} s"
     )
@@ -676,6 +853,9 @@ def _drive(
         name="zklock-sender",
         daemon=True,
     )
+    gates = threading.Thread(
+        target=_watch_gates, args=(run.app, progress, stop), name="zklock-gates", daemon=True
+    )
     collector = threading.Thread(
         target=_collect,
         args=(run.records, progress, config.effective_result_timeout(), stop),
@@ -688,6 +868,7 @@ def _drive(
         with _progress_line(progress, injector, err, config.progress):
             sender.start()
             collector.start()
+            gates.start()
             if injector is not None:
                 injector.run()  # here, in the main thread: it restarts processes
             while not progress.collecting_done.wait(POLL):
@@ -701,6 +882,7 @@ def _drive(
             injector.close()
         sender.join(timeout=30)
         collector.join(timeout=30)
+        gates.join(timeout=30)
     elapsed = time.monotonic() - started
     if progress.send_error is not None:
         say(f"sending stopped early: {progress.send_error!r}")
@@ -721,14 +903,21 @@ def _drive(
     faults = FaultLog(run.records, run.run_id).records()
     with progress.lock:
         submitted, outcomes = dict(progress.submitted), dict(progress.outcomes)
+        unrelated, done_at = set(progress.unrelated), dict(progress.done_at)
     say(f"tasks sent and settled in {elapsed:.1f} s")
+    unsettled = [t for t in submitted if t not in outcomes]
     report = check_run(
         submitted=submitted,
         outcomes=outcomes,
         events=events,
         faults=faults,
         leftover_nodes=leftovers,
-        never_delivered=_never_delivered(run, [t for t in submitted if t not in outcomes], say),
+        never_delivered=_never_delivered(run, unsettled, say),
+        never_received=_never_received(run, unsettled, say),
+        unrelated=unrelated,
+        done_at=done_at,
+        gate=config.gate if run.fleet is not None else None,
+        gate_held_max=progress.held_max,
     )
     start = min(submitted.values(), default=None)
     return report, {"events": events, "faults": faults, "start": start}
@@ -739,6 +928,12 @@ def _never_delivered(run: _Run, unsettled: Sequence[str], say: Callable[[str], N
     result backend: ``task_track_started`` stores STARTED before the body runs) and whose message
     is nowhere in the broker. Says, for each, how far it got and where its message is."""
     if not unsettled:
+        return set()
+    if is_amqp(run.settings.broker_url):
+        # RabbitMQ takes a message off its queue only when it is acknowledged: there is no
+        # window in which a message leaves the queue unrecorded (the Redis transport's), so
+        # every unsettled task counts as lost.
+        say("  broker RabbitMQ: a message leaves its queue only when acknowledged; not looked up")
         return set()
     states = run.records.mget([f"{RESULT_KEY_PREFIX}{t}" for t in unsettled])
     view = whereabouts(run.settings.broker_url, unsettled)
@@ -753,6 +948,23 @@ def _never_delivered(run: _Run, unsettled: Sequence[str], say: Callable[[str], N
         say(f"  kombu's restore mutex is held ({view.mutex_ttl} s left): no redelivery until then")
     never_started = {t for t, state in zip(unsettled, states, strict=True) if state is None}
     return never_started - set(view.places)
+
+
+def _never_received(run: _Run, unsettled: Sequence[str], say: Callable[[str], None]) -> set[str]:
+    """Of the tasks without a final state, those that no worker of a local fleet logged as
+    received (``Task NAME[ID] received``: a worker took the message from the broker and
+    recorded it as delivered); empty for an external fleet, whose logs are not here. Says, for
+    each received one, which worker logged it."""
+    if not unsettled or run.fleet is None:
+        return set()
+    logs = {w.label: w.log_text() if w.log_path.exists() else "" for w in run.fleet}
+    received = set()
+    for task_id in unsettled:
+        where = [label for label, text in logs.items() if f"[{task_id}] received" in text]
+        if where:
+            received.add(task_id)
+            say(f"  unsettled task {task_id}: received by {', '.join(where)} (its log)")
+    return set(unsettled) - received
 
 
 def _injector(config: LoadConfig, run: _Run) -> FaultInjector:
@@ -793,8 +1005,31 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
         help=f"share of shared (read) sections, 0..1 ({d.shared_ratio})")  # fmt: skip
     add("--skip-ratio", type=_ratio, default=d.skip_ratio,
         help=f"share of tasks that skip when busy; the rest wait ({d.skip_ratio})")  # fmt: skip
+    add("--rate-ratio", type=_ratio, default=d.rate_ratio,
+        help=f"share of sections sent with a per-key lock_rate ({d.rate_ratio})")  # fmt: skip
+    add("--rate", default=d.rate,
+        help=f"that lock_rate, in Celery's syntax ({d.rate})")  # fmt: skip
+    add("--preempt-ratio", type=_ratio, default=d.preempt_ratio,
+        help=f"share of sections sent with on_busy='preempt' ({d.preempt_ratio})")  # fmt: skip
+    add("--pair-ratio", type=_ratio, default=d.pair_ratio,
+        help=f"share of sections that lock two keys at once ({d.pair_ratio})")  # fmt: skip
     add("--hold-ms", type=_positive_int, default=d.hold_ms,
-        help=f"time a section holds its lock, +-50%% ({d.hold_ms})")  # fmt: skip
+        help=f"time a section holds its lock, +-HOLD_SPREAD ({d.hold_ms})")  # fmt: skip
+    add("--hold-spread", type=_ratio, default=d.hold_spread,
+        help=f"how far a hold may be off --hold-ms, a share 0..1 ({d.hold_spread:g})")  # fmt: skip
+    add("--scenario", choices=SCENARIOS, default=d.scenario,
+        help=f"mixed: sections over --keys; hot-key: a share of them (--hot-share) wait on "
+        f"one key (default {d.scenario})")  # fmt: skip
+    add("--hot-share", type=_ratio, default=d.hot_share,
+        help=f"hot-key: share of the locked tasks on the hot key ({d.hot_share:g})")  # fmt: skip
+    add("--hot-hold-ms", type=_positive_int, default=d.hot_hold_ms,
+        help="hot-key: how long a hot-key section holds, +-HOLD_SPREAD (--hold-ms)")  # fmt: skip
+    add("--unrelated", type=_count, default=d.unrelated,
+        help="tasks of no lock spread among the locked ones, their latency reported (default: "
+        "as many as --tasks with --scenario hot-key, else 0)")  # fmt: skip
+    add("--gate", type=_on_off, default=d.gate, metavar="on|off",
+        help="the workers' gate, which holds a busy wait task's message outside the pool "
+        f"(default {'on' if d.gate else 'off'})")  # fmt: skip
     add("--duration", type=_seconds, default=d.duration,
         help="seconds over which to send the tasks (default: at once without faults, as "
         "long as the faults need with them)")  # fmt: skip
@@ -810,6 +1045,11 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
         help=f"ZooKeeper session timeout of the workers, s ({d.session_timeout:g})")  # fmt: skip
     add("--zk-nodes", type=_positive_int, default=d.zk_nodes,
         help=f"1 = standalone ZooKeeper, N = an N-node ensemble ({d.zk_nodes})")  # fmt: skip
+    add("--broker-kind", choices=BROKER_KINDS, default=d.broker_kind,
+        help="the broker of the fleet this run starts: redis (append-only Redis) or amqp (a "
+        "private node of Debian's rabbitmq-server, publisher confirms); broker_restart "
+        f"faults SIGKILL and restart it ({d.broker_kind}; --broker names an external "
+        "fleet's broker instead)")  # fmt: skip
     add("--faults", type=parse_faults, default=dict(d.faults), metavar="KIND:N,...",
         help=f"faults to inject: {', '.join(FAULT_KINDS)}, or all "
         f"(e.g. kill:3,pause:3 or all:3; default: {describe_plan(d.faults)})")  # fmt: skip
@@ -855,6 +1095,13 @@ def config_from_args(
             if parser is not None:
                 parser.error(message)
             raise ValueError(message)
+        if args.broker_kind != LoadConfig.broker_kind:
+            message = (
+                "--broker-kind is for a fleet the run starts; --broker names an external one's"
+            )
+            if parser is not None:
+                parser.error(message)
+            raise ValueError(message)
         record_url = args.record_url or args.broker
         compose = ComposeProject(args.compose_project) if args.compose_project else None
         external = External(
@@ -874,13 +1121,24 @@ def config_from_args(
         keys=args.keys,
         shared_ratio=args.shared_ratio,
         skip_ratio=args.skip_ratio,
+        rate_ratio=args.rate_ratio,
+        rate=args.rate,
+        preempt_ratio=args.preempt_ratio,
+        pair_ratio=args.pair_ratio,
         hold_ms=args.hold_ms,
+        hold_spread=args.hold_spread,
+        scenario=args.scenario,
+        hot_share=args.hot_share,
+        hot_hold_ms=args.hot_hold_ms,
+        unrelated=args.unrelated,
+        gate=args.gate,
         duration=args.duration,
         workers=args.workers,
         pools=args.pools,
         concurrency=args.concurrency,
         session_timeout=args.session_timeout,
         zk_nodes=args.zk_nodes,
+        broker_kind=args.broker_kind,
         faults=args.faults,
         seed=args.seed,
         out_dir=args.out,
@@ -906,6 +1164,23 @@ def _ratio(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text}")
+    return value
+
+
+def _on_off(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"must be on or off, got {text}")
+    return word == "on"
 
 
 def _pools(text: str) -> tuple[str, ...]:

@@ -11,13 +11,16 @@ injector's :class:`FaultRecord` list in ``zklock:run:<run_id>:faults``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
 __all__ = [
+    "FAULT_ALIASES",
     "FAULT_KINDS",
     "FORCED_LOSS_KINDS",
+    "MAIN_PROCESS_KILL",
+    "PREEMPTED_OUTCOME",
     "FaultLog",
     "FaultRecord",
     "Mode",
@@ -30,6 +33,8 @@ __all__ = [
 Mode = Literal["exclusive", "shared"]
 EventKind = Literal["enter", "writing", "write", "exit", "killed", "paused", "expired", "survived"]
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
+PREEMPTED_OUTCOME: Final = "preempted"
+"""The ``exit`` outcome of a section whose lock a newer ``preempt`` call broke (``LockLost``)."""
 EVENT_KINDS: Final[tuple[EventKind, ...]] = get_args(EventKind)
 FAULT_KINDS: Final = (
     "kill",
@@ -37,11 +42,16 @@ FAULT_KINDS: Final = (
     "expire",
     "leader",
     "partition",
-    "redis_restart",
+    "broker_restart",
     "blackhole",
     "follower_partition",
     "stall_before_write",
+    "kill_held",
 )
+FAULT_ALIASES: Final[Mapping[str, str]] = {"redis_restart": "broker_restart"}
+"""Former names of fault kinds, still accepted in a plan (``--faults``)."""
+MAIN_PROCESS_KILL: Final = "SIGKILL of the worker's main process"
+"""How the detail of a fault that killed a worker's main process (the whole worker) begins."""
 FORCED_LOSS_KINDS: Final[tuple[EventKind, ...]] = ("paused", "expired")
 """Event kinds that say a fault took a process's leases away where no holder can see it coming."""
 
@@ -80,7 +90,8 @@ class SectionEvent:
     is the list's. ``accepted`` and ``previous_token`` are set on ``write`` events only. A
     ``writing`` event (same fields as the ``enter``) is recorded just before the fenced write is
     sent, so every write recorded before it reached the fence first (records made before it
-    existed have none).
+    existed have none); its ``valid_until`` is the wall time until which the holder's lease was
+    held by its own lease clock (:attr:`celery_zklock.Lease.valid_for`).
     ``outcome`` is set on ``exit`` events: ``"ok"``, ``"lost"`` (the body stopped with
     ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
 
@@ -93,12 +104,13 @@ class SectionEvent:
     open sections may be overlapped by their successors without the lock being at fault (see
     :mod:`workers.checker`). A ``paused`` event's ``time`` is taken before the stop and it
     carries the workers' ``session_timeout``: ZooKeeper cannot expire the session much before
-    that timeout has passed. A ``survived`` event says the fault recorded by the process's
-    earlier ``paused`` or ``expired`` events did not take its session after all (the pause
-    ended before the expiry, the expiry call failed): those events excuse nothing. In these
-    kinds only ``hostname``, ``pid``, ``time``, ``late`` and ``session_timeout`` mean anything
-    (``task_id`` and ``key`` are empty, ``mode`` is a
-    placeholder, ``token`` 0).
+    that timeout has passed. When it also carries the holder's ``valid_until`` (a holder that
+    stopped itself knows it), nobody may be granted its lock before that time. A ``survived``
+    event says the fault recorded by the process's earlier ``paused`` or ``expired`` events did
+    not take its session after all (the pause ended before the expiry, the expiry call failed):
+    those events excuse nothing. In these kinds only ``hostname``, ``pid``, ``time``, ``late``,
+    ``session_timeout`` and ``valid_until`` mean anything (``task_id`` and ``key`` are empty,
+    ``mode`` is a placeholder, ``token`` 0).
     """
 
     kind: EventKind
@@ -115,6 +127,7 @@ class SectionEvent:
     outcome: str | None = None
     late: bool = False
     session_timeout: float | None = None
+    valid_until: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -128,15 +141,16 @@ class SectionEvent:
         return f"{self.task_id}#{self.token}"
 
     def to_json(self) -> str:
-        """Compact JSON; ``outcome``, ``late`` and ``session_timeout`` are left out when unset,
-        so older readers still parse it."""
+        """Compact JSON; ``outcome``, ``late``, ``session_timeout`` and ``valid_until`` are left
+        out when unset, so older readers still parse it."""
         data = asdict(self)
         if data["outcome"] is None:
             del data["outcome"]
         if not data["late"]:
             del data["late"]
-        if data["session_timeout"] is None:
-            del data["session_timeout"]
+        for optional in ("session_timeout", "valid_until"):
+            if data[optional] is None:
+                del data[optional]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -200,6 +214,7 @@ class SectionRecorder(_RedisList[SectionEvent]):
         time: float,
         *,
         session_timeout: float | None = None,
+        valid_until: float | None = None,
     ) -> None:
         """Append a ``paused`` or ``expired`` event for process ``pid`` of ``hostname``.
 
@@ -207,12 +222,15 @@ class SectionRecorder(_RedisList[SectionEvent]):
         be closed) and before its successors can be granted: the checker excuses overlaps of
         the sections open at this point only (``hostname``/``pid`` as in :meth:`record_kill`).
         For ``paused``, ``time`` is when the stop was sent and ``session_timeout`` the
-        workers' session timeout: without it a pause excuses nothing. If the fault then did
-        not take the session, append :meth:`record_survived`.
+        workers' session timeout: without it a pause excuses nothing; ``valid_until``, when the
+        holder told it (its ``writing`` event), replaces the guess from the timeout. If the fault
+        then did not take the session, append :meth:`record_survived`.
         """
         if kind not in FORCED_LOSS_KINDS:
             raise ValueError(f"a forced loss is one of {FORCED_LOSS_KINDS}, got {kind!r}")
-        self._record_process_event(kind, hostname, pid, time, session_timeout=session_timeout)
+        self._record_process_event(
+            kind, hostname, pid, time, session_timeout=session_timeout, valid_until=valid_until
+        )
 
     def record_survived(self, hostname: str, pid: int, time: float) -> None:
         """Append a ``survived`` event: the forced losses recorded for the process so far did
@@ -228,6 +246,7 @@ class SectionRecorder(_RedisList[SectionEvent]):
         *,
         late: bool = False,
         session_timeout: float | None = None,
+        valid_until: float | None = None,
     ) -> None:
         self.record(
             SectionEvent(
@@ -241,6 +260,7 @@ class SectionRecorder(_RedisList[SectionEvent]):
                 time=time,
                 late=late,
                 session_timeout=session_timeout,
+                valid_until=valid_until,
             )
         )
 
@@ -259,7 +279,7 @@ class FaultRecord:
     ``kind`` is one of :data:`FAULT_KINDS`; ``time`` the injector's wall clock when it acted;
     ``target`` what it acted on (a worker, a ZooKeeper node, Redis); ``ran`` whether the fault
     really happened (False: it could not be injected, ``detail`` says why); ``detail`` free text.
-    ``ended``: the same clock when the fault was over, for a ``redis_restart`` once the broker
+    ``ended``: the same clock when the fault was over, for a ``broker_restart`` once the broker
     served again (None when not recorded, and in records made before it existed).
     """
 

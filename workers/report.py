@@ -462,6 +462,7 @@ def _tiles(report: RunReport) -> str:
         ),
         ("writes refused", r.writes_refused, ""),
         ("sections lost lock", r.revocations, "warn" if r.revocations else ""),
+        ("sections preempted", r.preempted, ""),
         ("sections killed", r.killed_sections, ""),
         ("faults injected", sum(c.injected for c in r.faults_by_kind.values()), ""),
         ("leftover znodes", r.leftover_nodes, "alarm" if r.leftover_nodes else ""),

@@ -8,7 +8,9 @@ variable                      default  meaning
 ============================= ======== ======================================================
 ``ZKLOCK_HOSTS``              required ZooKeeper connection string ``host:port[,...][/chroot]``
 ``ZKLOCK_BROKER_URL``         required Celery broker, a Redis URL (``redis://``, ``rediss://``)
-``ZKLOCK_RESULT_BACKEND``     broker   Celery result backend, a Redis URL
+                                       or a RabbitMQ one (``amqp://``, ``amqps://``)
+``ZKLOCK_RESULT_BACKEND``     broker   Celery result backend, a Redis URL (set it with a
+                                       RabbitMQ broker)
 ``ZKLOCK_RECORD_URL``         broker   Redis URL where critical sections and fenced writes go
 ``ZKLOCK_POOL``               prefork  worker pool: ``prefork``, ``threads``, ``gevent``, ``solo``
 ``ZKLOCK_CONCURRENCY``        4        processes/threads/greenlets per worker, ``>= 1``
@@ -17,6 +19,11 @@ variable                      default  meaning
 ``ZKLOCK_VISIBILITY_TIMEOUT`` 60       seconds after which the broker hands a message that was
                                        taken and never acknowledged (its worker died) to
                                        another worker, ``> 0``; must exceed the longest task
+                                       (Redis; RabbitMQ hands it out when the worker's
+                                       connection closes)
+``ZKLOCK_GATE``               true     the gate: a busy ``wait`` task's message waits in the
+                                       worker's main process, not a pool slot (``docs/waiting.md``);
+                                       ``true`` or ``false``
 ============================= ======== ======================================================
 
 An empty variable counts as unset. Every bad or missing value is reported at once, in one
@@ -35,22 +42,29 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.validate import positive_int, seconds, znode_path
 
 __all__ = [
+    "AMQP_SCHEMES",
     "POOLS",
     "REDIS_SCHEMES",
     "Settings",
     "SettingsError",
     "broker_transport_options",
+    "is_amqp",
     "load_settings",
 ]
 
 POOLS: Final[tuple[str, ...]] = ("prefork", "threads", "gevent", "solo")
 REDIS_SCHEMES: Final[tuple[str, ...]] = ("redis", "rediss")
+AMQP_SCHEMES: Final[tuple[str, ...]] = ("amqp", "amqps", "pyamqp")
 
 DEFAULT_POOL: Final = "prefork"
 DEFAULT_CONCURRENCY: Final = 4
 DEFAULT_SESSION_TIMEOUT: Final = 10.0
 DEFAULT_ROOT: Final = "/zklock"
 DEFAULT_VISIBILITY_TIMEOUT: Final = 60.0
+SWITCH_WORDS: Final[Mapping[str, bool]] = {
+    "true": True, "on": True, "yes": True, "1": True,
+    "false": False, "off": False, "no": False, "0": False,
+}  # fmt: skip
 
 
 class SettingsError(ValueError):
@@ -76,6 +90,7 @@ class Settings:
     session_timeout: float = DEFAULT_SESSION_TIMEOUT
     zk_root: str = DEFAULT_ROOT
     visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
+    gate: bool = True
 
     def __post_init__(self) -> None:
         values, problems = _checked({f.name: getattr(self, f.name) for f in fields(self)})
@@ -113,10 +128,16 @@ class Settings:
     def to_env(self) -> dict[str, str]:
         """The ``ZKLOCK_*`` variables that :meth:`from_env` reads back as these settings."""
         return {
-            variable: repr(value) if isinstance(value, float) else str(value)
+            variable: _env_text(value)
             for field, (variable, _) in _VARIABLES.items()
             if (value := getattr(self, field)) is not None
         }
+
+
+def _env_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -149,18 +170,32 @@ def _hosts(name: str, hosts: object, *, text: bool = False) -> str:
 
 
 def _redis_url(name: str, url: object, *, text: bool = False) -> str:
+    return _url(name, url, REDIS_SCHEMES, "a Redis URL (redis:// or rediss://)")
+
+
+def _broker_url(name: str, url: object, *, text: bool = False) -> str:
+    return _url(name, url, REDIS_SCHEMES + AMQP_SCHEMES, "a Redis or RabbitMQ URL (redis://, "
+                "rediss://, amqp:// or amqps://)")  # fmt: skip
+
+
+def _url(name: str, url: object, schemes: tuple[str, ...], what: str) -> str:
     if not isinstance(url, str):
-        raise ConfigurationError(f"{name} must be a Redis URL, got {url!r}")
+        raise ConfigurationError(f"{name} must be {what.split(' (')[0]}, got {url!r}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (parsed only to validate it)
     except ValueError as exc:
         raise ConfigurationError(f"{name}: {url!r} is not a URL ({exc})") from None
-    if parts.scheme not in REDIS_SCHEMES:
-        raise ConfigurationError(f"{name} must be a Redis URL (redis:// or rediss://), got {url!r}")
+    if parts.scheme not in schemes:
+        raise ConfigurationError(f"{name} must be {what}, got {url!r}")
     if not parts.hostname:
         raise ConfigurationError(f"{name}: no host in {url!r}")
     return url
+
+
+def is_amqp(url: str) -> bool:
+    """Whether the broker at ``url`` is RabbitMQ (an AMQP URL)."""
+    return urlsplit(url).scheme in AMQP_SCHEMES
 
 
 def _pool(name: str, pool: object, *, text: bool = False) -> str:
@@ -173,9 +208,18 @@ def _path(name: str, path: object, *, text: bool = False) -> str:
     return znode_path(name, path)
 
 
+def _switch(name: str, value: object, *, text: bool = False) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = SWITCH_WORDS.get(str(value).strip().lower()) if isinstance(value, str) else None
+    if word is None:
+        raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+    return word
+
+
 _VARIABLES: Final[Mapping[str, tuple[str, Callable[..., Any]]]] = {
     "zk_hosts": ("ZKLOCK_HOSTS", _hosts),
-    "broker_url": ("ZKLOCK_BROKER_URL", _redis_url),
+    "broker_url": ("ZKLOCK_BROKER_URL", _broker_url),
     "result_backend": ("ZKLOCK_RESULT_BACKEND", _redis_url),
     "record_url": ("ZKLOCK_RECORD_URL", _redis_url),
     "pool": ("ZKLOCK_POOL", _pool),
@@ -183,6 +227,7 @@ _VARIABLES: Final[Mapping[str, tuple[str, Callable[..., Any]]]] = {
     "session_timeout": ("ZKLOCK_SESSION_TIMEOUT", seconds),
     "zk_root": ("ZKLOCK_ROOT", _path),
     "visibility_timeout": ("ZKLOCK_VISIBILITY_TIMEOUT", seconds),
+    "gate": ("ZKLOCK_GATE", _switch),
 }
 """Settings field -> (its variable, the check that names it in a message)."""
 
@@ -206,8 +251,14 @@ def _checked(values: Mapping[str, object], text: bool = False) -> tuple[dict[str
     return checked, problems
 
 
-def broker_transport_options(visibility_timeout: float) -> dict[str, Any]:
-    """The Redis transport options of the fleet: redelivery after ``visibility_timeout`` s."""
+def broker_transport_options(visibility_timeout: float, broker_url: str = "") -> dict[str, Any]:
+    """The transport options of the fleet. Redis: redelivery after ``visibility_timeout`` s.
+    RabbitMQ (``broker_url`` an AMQP URL): publisher confirms, so that a publish returns only
+    once the node has the message (a persistent one on disk) and a publish cut off by a broker
+    restart raises and is retried; without them a message the node took just before a SIGKILL
+    can be gone after the restart."""
+    if broker_url and is_amqp(broker_url):
+        return {"confirm_publish": True}
     # kombu sweeps for overdue messages every interval * throttle seconds (100 s by default):
     # sweep often enough that a dead worker's message waits about the visibility timeout.
     interval = max(1, min(10, int(visibility_timeout // 10)))

@@ -2,13 +2,19 @@
 
 Both tasks share one lock name (:data:`LOCK_NAME`) and ``lock_key=["key"]``, so for one key the
 exclusive task takes the write side and the shared task the read side of the same read-write
-lock. A section (:func:`run_section`) records ``enter``, holds, records ``writing``, writes
+lock. :data:`PAIR_TASK` locks two keys at once under the same lock name
+(``lock_key={"key": ["key_a", "key_b"]}``): each is the key the others take for that value, so it
+excludes them on both; its section records its events once per key, each with that key's token.
+A section (:func:`run_section`) records ``enter``, holds, records ``writing``, writes
 through the run's fence, records the write, and records ``exit``; the write comes last on
 purpose (``docs/fleet.md``). Records go to the Redis at the app setting ``fleet_record_url``. A
 section planted by a fault injector is given a ``release_key``: the hold ends early once that
 Redis key exists; and may be given a ``stall_key``: if that key exists once the hold is over,
 the section stops its own process (SIGSTOP) between its ``writing`` event and the write, for the
 ``stall_before_write`` fault (``workers/faults.py``), and sends the write when it runs again.
+
+:data:`UNRELATED_TASK` is the unrelated traffic of the ``hot-key`` scenario: a plain task (no
+lock, no record) that returns at once, whose time from send to result the load test reports.
 """
 
 from __future__ import annotations
@@ -27,18 +33,25 @@ import redis
 from celery import Celery
 
 from celery_zklock import LockLost, ZkLockTask
+from celery_zklock.errors import LossCode
 from celery_zklock.fence import FenceOutcome, RedisFence
-from workers.record import Mode, SectionEvent, SectionRecorder
+from celery_zklock.locks import MultiLease
+from celery_zklock.run import PREEMPTED
+from workers.record import PREEMPTED_OUTCOME, Mode, SectionEvent, SectionRecorder
 
 __all__ = [
     "EXCLUSIVE_TASK",
     "HOLD_SLICE_SECONDS",
     "LOCK_NAME",
+    "PAIR_TASK",
+    "PREEMPTED_OUTCOME",
     "RECORD_URL_SETTING",
     "RELEASE_POLL_SECONDS",
     "SHARED_TASK",
     "TASK_FOR_MODE",
+    "UNRELATED_TASK",
     "fence_namespace",
+    "loss_outcome",
     "record_exit",
     "register_tasks",
     "run_section",
@@ -48,6 +61,9 @@ LOCK_NAME: Final = "workers.section"
 EXCLUSIVE_TASK: Final = "workers.exclusive_section"
 SHARED_TASK: Final = "workers.shared_section"
 TASK_FOR_MODE: Final[dict[Mode, str]] = {"exclusive": EXCLUSIVE_TASK, "shared": SHARED_TASK}
+PAIR_TASK: Final = "workers.pair_section"
+"""The exclusive section over two keys: ``pair_section(run_id, key_a, key_b, hold_ms)``."""
+UNRELATED_TASK: Final = "workers.unrelated"
 RECORD_URL_SETTING: Final = "fleet_record_url"
 DEFAULT_WAIT_SECONDS: Final = 30.0
 HOLD_SLICE_SECONDS: Final = 0.02
@@ -70,7 +86,7 @@ def run_section(
     release_key: str | None = None,
     stall_key: str | None = None,
 ) -> dict[str, Any]:
-    """The body of both tasks; must run inside a locked run (``task.lock`` is the lease).
+    """The body of the one-key tasks; must run inside a locked run (``task.lock`` is the lease).
 
     With ``release_key``, the hold ends early once that Redis key exists; with ``stall_key``,
     the section stalls before its write if that key exists when the hold is over (see the
@@ -79,55 +95,130 @@ def run_section(
     Raises what the section raised (``LockLost`` when the lease was lost during the hold) after
     recording ``exit``; returns the token, whether the fenced write was accepted, and where it ran.
     """
+    lease = task.lock
+    assert not isinstance(lease, MultiLease), "a section locks one key"
+    return _run_sections(
+        task, run_id, [(key, lease.token, lease.node)], hold_ms, mode, release_key, stall_key
+    )
+
+
+def _run_sections(
+    task: ZkLockTask,
+    run_id: str,
+    held: list[tuple[str, int, str]],
+    hold_ms: int,
+    mode: Mode,
+    release_key: str | None = None,
+    stall_key: str | None = None,
+) -> dict[str, Any]:
+    """One section over the keys of ``held`` (``(key, its token, its node)`` each): every
+    event is recorded once per key, in ``held``'s order, each with that key's token; each key
+    gets its own fenced write (a key's write fenced with its own token)."""
     if hold_ms < 0:
         raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
-    lease = task.lock
     client = _record_client(str(task.app.conf[RECORD_URL_SETTING]))
     recorder = SectionRecorder(client, run_id)
     fence = RedisFence(client, fence_namespace(run_id))
     request = task.request
-    enter = SectionEvent(
-        kind="enter",
-        task_id=str(request.id),
-        key=key,
-        mode=mode,
-        token=lease.token,
-        hostname=str(request.hostname or socket.gethostname()),
-        pid=os.getpid(),
-        node=lease.node,
-        time=time.time(),
-    )
-    recorder.record(enter)
-    outcome = "ok"
-    try:
-        _hold(task, hold_ms / 1000.0, None if release_key is None else _flag(client, release_key))
-        value = json.dumps({"task_id": enter.task_id, "token": lease.token, "mode": mode})
-        stall = stall_key is not None and bool(client.exists(stall_key))
-        # Recorded before the write is sent: every write recorded before this reached the fence
-        # before ours, which lets the checker bound our token without trusting the fence.
-        recorder.record(replace(enter, kind="writing", time=time.time()))
-        loss = _stall(task) if stall else None
-        written = fence.write(key, lease.token, value)
-        recorder.record(
-            replace(
-                enter,
-                kind="write",
-                time=time.time(),
-                accepted=written.accepted,
-                previous_token=written.previous_token,
-            )
+    enters = [
+        SectionEvent(
+            kind="enter",
+            task_id=str(request.id),
+            key=key,
+            mode=mode,
+            token=token,
+            hostname=str(request.hostname or socket.gethostname()),
+            pid=os.getpid(),
+            node=node,
+            time=time.time(),
         )
+        for key, token, node in held
+    ]
+    entered: list[SectionEvent] = []
+    outcome = "ok"
+    written: list[FenceOutcome] = []
+    try:
+        for enter in enters:
+            _record_enter(recorder, replace(enter, time=time.time()), entered)
+        _hold(task, hold_ms / 1000.0, None if release_key is None else _flag(client, release_key))
+        stall = stall_key is not None and bool(client.exists(stall_key))
+        # Recorded before the writes are sent: every write recorded before this reached the
+        # fence before ours, which lets the checker bound our token without trusting the fence.
+        valid_until = time.time() + task.lock.valid_for
+        for enter in enters:
+            recorder.record(
+                replace(enter, kind="writing", time=time.time(), valid_until=valid_until)
+            )
+        loss = _stall(task) if stall else None
+        for enter in enters:
+            value = json.dumps({"task_id": enter.task_id, "token": enter.token, "mode": mode})
+            outcome_of_write = fence.write(enter.key, enter.token, value)
+            written.append(outcome_of_write)
+            recorder.record(
+                replace(
+                    enter,
+                    kind="write",
+                    time=time.time(),
+                    accepted=outcome_of_write.accepted,
+                    previous_token=outcome_of_write.previous_token,
+                )
+            )
         if loss is not None:
             raise loss
-    except LockLost:
-        outcome = "lost"
+    except LockLost as exc:
+        outcome = loss_outcome(exc, task.lock)
         raise
     except BaseException as exc:
         outcome = f"error:{type(exc).__name__}"
         raise
     finally:
-        record_exit(recorder, replace(enter, kind="exit", time=time.time(), outcome=outcome))
-    return _result(enter, written)
+        _record_exits(recorder, entered, outcome)
+    return _result(enters[0], written[0]) if len(enters) == 1 else _results(enters, written)
+
+
+def loss_outcome(exc: LockLost, lease: Any = None) -> str:
+    """The ``exit`` outcome of a section that ended with ``exc``: :data:`PREEMPTED_OUTCOME` when
+    a newer ``preempt`` call broke the lock (a break request naming it), else ``"lost"``.
+
+    The interruption's ``LockLost`` carries no code (in a threads pool not even a message), so
+    the lease's own ``lost_code``/``lost_reason`` are asked first (a Lease or a MultiLease: the
+    first of its leases lost), then the exception's."""
+    for code, reason in (
+        (getattr(lease, "lost_code", None), getattr(lease, "lost_reason", None)),
+        (getattr(exc, "code", None), str(exc)),
+    ):
+        if code == LossCode.BROKEN and PREEMPTED in (reason or ""):
+            return PREEMPTED_OUTCOME
+    return "lost"
+
+
+def _record_enter(
+    recorder: SectionRecorder, enter: SectionEvent, entered: list[SectionEvent]
+) -> None:
+    """Append ``enter`` and add it to ``entered`` (whose exits the section records), also when
+    the lease's interruption lands while it is written (a preempt may come right after the
+    grant): then it is appended unless the first append got through, as in :func:`record_exit`,
+    and the LockLost raised once it is in ``entered``."""
+    try:
+        recorder.record(enter)
+    except LockLost:
+        recorder.record_once(enter)
+        entered.append(enter)
+        raise
+    entered.append(enter)
+
+
+def _record_exits(recorder: SectionRecorder, entered: list[SectionEvent], outcome: str) -> None:
+    """Record ``exit`` for every key entered; a LockLost interrupting one of them (see
+    :func:`record_exit`) is raised once all are recorded."""
+    interrupted: LockLost | None = None
+    for enter in entered:
+        try:
+            record_exit(recorder, replace(enter, kind="exit", time=time.time(), outcome=outcome))
+        except LockLost as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def record_exit(recorder: SectionRecorder, exit_event: SectionEvent) -> None:
@@ -206,6 +297,16 @@ def _result(enter: SectionEvent, written: FenceOutcome) -> dict[str, Any]:
     }
 
 
+def _results(enters: list[SectionEvent], written: list[FenceOutcome]) -> dict[str, Any]:
+    """The result of a section over several keys: per key its token and write's verdict."""
+    return {
+        "tokens": {e.key: e.token for e in enters},
+        "accepted": {e.key: w.accepted for e, w in zip(enters, written, strict=False)},
+        "hostname": enters[0].hostname,
+        "pid": enters[0].pid,
+    }
+
+
 def exclusive_section(
     self: ZkLockTask,
     run_id: str,
@@ -230,8 +331,37 @@ def shared_section(
     return run_section(self, run_id, key, hold_ms, "shared", release_key, stall_key)
 
 
+def pair_section(
+    self: ZkLockTask,
+    run_id: str,
+    key_a: str,
+    key_b: str,
+    hold_ms: int,
+) -> dict[str, Any]:
+    """Hold the exclusive side of both ``key_a``'s and ``key_b``'s locks (taken together, all or
+    nothing) for ``hold_ms``: the section of :func:`run_section`, recorded for each key with
+    that key's token. The same key twice is one key (the library takes one lock)."""
+    lease = self.lock
+    if not isinstance(lease, MultiLease):
+        return _run_sections(self, run_id, [(key_a, lease.token, lease.node)], hold_ms, "exclusive")
+    single = self.app.tasks[EXCLUSIVE_TASK]
+    by_path = {lease.path: lease for lease in lease.leases}
+    held = []
+    for key in sorted({key_a, key_b}):
+        one = by_path[single.lock_path(key=key)]
+        held.append((key, one.token, one.node))
+    return _run_sections(self, run_id, held, hold_ms, "exclusive")
+
+
+def unrelated(run_id: str) -> str:
+    """A task of no lock: the unrelated traffic whose latency shows whether waiting runs of a
+    hot key hold the worker's pool (``run_id`` only labels it)."""
+    return run_id
+
+
 def register_tasks(app: Celery) -> None:
-    """Register both tasks on ``app`` (under their fixed names, on this app only)."""
+    """Register the sections and the unrelated task on ``app`` (under their fixed names, on
+    this app only)."""
     common: dict[str, Any] = {
         "bind": True,
         "base": ZkLockTask,
@@ -244,6 +374,9 @@ def register_tasks(app: Celery) -> None:
     }
     app.task(name=EXCLUSIVE_TASK, lock_mode="exclusive", **common)(exclusive_section)
     app.task(name=SHARED_TASK, lock_mode="shared", **common)(shared_section)
+    pair = {**common, "lock_key": {"key": ["key_a", "key_b"]}}
+    app.task(name=PAIR_TASK, lock_mode="exclusive", **pair)(pair_section)
+    app.task(name=UNRELATED_TASK, shared=False)(unrelated)
 
 
 # One Redis client per (process, URL): a client must not be shared across a fork.

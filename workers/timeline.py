@@ -473,9 +473,13 @@ def _bar(
         f'<rect class="{classes}" x="{x0:.2f}" y="{y + inset}" width="{width:.2f}" '
         f'height="{ROW_H - 2 * inset}"><title>{escape(tip)}</title></rect>'
     ]
-    cap = {"ok": None, "open": None, "lost": "cap-lost", "killed": "cap-killed"}.get(
-        section.ending, "cap-error"
-    )
+    cap = {
+        "ok": None,
+        "open": None,
+        "lost": "cap-lost",
+        "preempted": "cap-lost",
+        "killed": "cap-killed",
+    }.get(section.ending, "cap-error")
     if cap is not None:
         out.append(
             f'<rect class="{cap}" x="{x0 + width - 3:.2f}" y="{y - 2}" width="3" '

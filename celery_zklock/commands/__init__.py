@@ -16,9 +16,11 @@ Every break is logged on the ``celery_zklock.commands`` logger, naming who ran i
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -33,10 +35,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
 from celery_zklock.commands import checks
-from celery_zklock.commands.render import locks_document, locks_table
+from celery_zklock.commands.render import held_table, locks_document, locks_table, name_and_key
 from celery_zklock.config import ClientConfig, Settings, settings_of
 from celery_zklock.delivery import wait_gone
 from celery_zklock.errors import ConfigurationError, ZkLockError
+from celery_zklock.gate.step import held_messages
 from celery_zklock.holders import Entry, LockState, read_lock, read_locks, request_break
 from celery_zklock.locks import adapter
 from celery_zklock.locks.contenders import parse_child, queue_of
@@ -46,6 +49,10 @@ from celery_zklock.task import ZkLockTask
 __all__ = ["zklock"]
 
 logger = logging.getLogger("celery_zklock.commands")
+# The commands print every step themselves; their log records are for the logging an app
+# configured. Without this handler, Python's last resort would print each record to stderr, a
+# second copy of what the command just printed.
+logger.addHandler(logging.NullHandler())
 
 BREAK_GRACE: Final = 5.0
 """Seconds added to twice the session timeout for ``break``'s default wait."""
@@ -107,16 +114,36 @@ def _locked_task(app: Any, name: str) -> ZkLockTask:
     return task
 
 
-def _lock_name(app: Any, name: str) -> str:
-    """A task's lock name (its ``lock_name``, default the task name); other names as given."""
-    task = app.tasks.get(name)
-    if isinstance(task, ZkLockTask):
-        return type(task)._zklock_compile(task.name).options.name
+def _lock_names(app: Any) -> dict[str, str]:
+    """Task name -> lock name, for every locked task of ``app``."""
+    return {
+        name: type(task)._zklock_compile(task.name).options.name
+        for name, task in app.tasks.items()
+        if isinstance(task, ZkLockTask)
+    }
+
+
+def _lock_name(app: Any, name: str, client: KazooClient, root: str) -> str:
+    """A task's lock name (its ``lock_name``, default the task name); a lock name as given
+    when one of the app's locked tasks uses it or it exists under ``root`` (another app's, a
+    recipe's). Anything else is a usage error naming it: a misspelt task would otherwise
+    read as "no locks held"."""
     if not name or "/" in name or name in (".", ".."):
         raise click.BadParameter(
-            f"{name!r}: a lock name is one znode path segment (not empty, '.' or '..', no '/')"
+            f"{name!r}: a lock name is one znode path segment (not empty, '.' or '..', no '/')",
+            param_hint="'--task'",
         )
-    return name
+    known = _lock_names(app)
+    if name in known:
+        return known[name]
+    if name in known.values() or client.exists(f"{root}/{name}") is not None:
+        return name
+    what = "is not a ZkLockTask" if name in app.tasks else "is not a task of this app"
+    raise click.BadParameter(
+        f"{name!r} {what}, nor a lock name under {root}; locked tasks: "
+        f"{', '.join(sorted(known)) or 'none'}",
+        param_hint="'--task'",
+    )
 
 
 def _json_value(text: str | None, kind: type, option: str) -> Any:
@@ -157,17 +184,28 @@ def zklock(ctx: click.Context, /, **_: Any) -> None:
 @click.pass_context
 def locks(ctx: click.Context, /, names: Sequence[str], as_json: bool, **_: Any) -> None:
     """Every lock under zklock_root: mode, holders (task id, task, worker, pid, fencing token,
-    held for) and waiters in the order they will be granted."""
+    held for) and waiters in the order they will be granted; then the messages the workers'
+    gates hold until their lock can be granted (count and oldest, per lock)."""
     app = _app(ctx)
     settings = _settings(app)
-    lock_names = sorted({_lock_name(app, name) for name in names}) if names else None
+    lock_names = None
     with _connected(settings.client) as client:
+        if names:
+            lock_names = sorted({_lock_name(app, n, client, settings.root) for n in names})
         states = read_locks(client, settings.root, names=lock_names)
+    held = [
+        h for h in held_messages(app)
+        if lock_names is None or name_and_key(settings.root, h.path)[0] in lock_names
+    ]  # fmt: skip
     now = time.time()
     if as_json:
-        click.echo(json.dumps(locks_document(settings.root, states, now), indent=2))
+        document = locks_document(settings.root, states, now)
+        document["held"] = [dataclasses.asdict(h) for h in held]
+        click.echo(json.dumps(document, indent=2))
     else:
         click.echo(locks_table(states, now))
+        if held:
+            click.echo(f"\n{held_table(held)}")
 
 
 @zklock.command(cls=CeleryCommand)
@@ -485,7 +523,9 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
     try:
         with _connected(config) as client:
             found.append(checks.Check("PASS", "connect", checks.connected_detail(client)))
-            found += checks.run_checks(client, settings.root, config)
+            # One session per pool process and one for the worker's main process (its gate).
+            sessions = (app.conf.worker_concurrency or os.cpu_count() or 1) + 1
+            found += checks.run_checks(client, settings.root, config, sessions)
     except click.ClickException as exc:
         found.append(checks.Check("FAIL", "connect", exc.message))
     click.echo(checks.report(found))

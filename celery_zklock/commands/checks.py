@@ -39,7 +39,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
-from celery_zklock.config import CREATOR_ACL, ClientConfig
+from celery_zklock.config import CREATOR_ACL, ClientConfig, host_ports
 from celery_zklock.locks import adapter
 from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
@@ -249,21 +249,6 @@ def acl_check(config: ClientConfig, read_back: Sequence[ACL] | None) -> Check:
 # -- probing ZooKeeper -------------------------------------------------------------------------
 
 
-def host_ports(hosts: str) -> list[tuple[str, int]]:
-    """``(host, port)`` of every entry of a connection string (a chroot suffix is dropped)."""
-    found = []
-    for entry in hosts.split("/", 1)[0].split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        host, sep, port = entry.rpartition(":")
-        if sep and port.isdigit():
-            found.append((host.strip("[]"), int(port)))
-        else:
-            found.append((entry, 2181))
-    return found
-
-
 def _tls_context(config: ClientConfig) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = config.check_hostname
@@ -297,13 +282,46 @@ def four_letter(host: str, port: int, word: str, config: ClientConfig) -> str | 
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def server_checks(config: ClientConfig, negotiated: float | None) -> list[Check]:
-    """``srvr`` and ``conf`` of every host of the connection string."""
+def connection_limit_check(where: str, conf: str | None, sessions: int) -> Check | None:
+    """ZooKeeper's limit of connections from one client address (``maxClientCnxns``, 60 by
+    default) against the ``sessions`` one worker of this app opens from its host (one per pool
+    process, one for its main process's gate), from the server's ``conf`` answer; None when
+    the server does not say."""
+    if conf is None or not four_letter_allowed(conf):
+        return None
+    raw = parse_conf(conf).get("maxClientCnxns", "")
+    if not raw.isdigit():
+        return None
+    limit, name = int(raw), f"connections per address {where}"
+    if limit == 0:
+        return Check("PASS", name, "maxClientCnxns=0: no limit per client address")
+    detail = (
+        f"maxClientCnxns={limit}; a worker of this app opens {sessions} ZooKeeper sessions "
+        f"(one per pool process, one for its main process), so {limit // sessions} such "
+        "workers fit on one host (or behind one NAT address)"
+    )
+    if sessions > limit:
+        return Check(
+            "FAIL", name, f"{detail}: connections past the limit are refused, and their "
+            "tasks retry ZooKeeperUnavailable; raise maxClientCnxns or lower the concurrency",
+        )  # fmt: skip
+    if 2 * sessions > limit:
+        return Check("WARN", name, f"{detail}: a second worker on the host would pass it")
+    return Check("PASS", name, detail)
+
+
+def server_checks(config: ClientConfig, negotiated: float | None, sessions: int) -> list[Check]:
+    """``srvr`` and ``conf`` of every host of the connection string; ``sessions``: how many
+    ZooKeeper sessions one worker of the app opens."""
     checks: list[Check] = []
     for host, port in host_ports(config.hosts):
         where = f"{host}:{port}"
         checks.append(server_check(where, four_letter(host, port, "srvr", config)))
-        checks += lease_safety_checks(where, negotiated, four_letter(host, port, "conf", config))
+        conf = four_letter(host, port, "conf", config)
+        checks += lease_safety_checks(where, negotiated, conf)
+        limit = connection_limit_check(where, conf, sessions)
+        if limit is not None:
+            checks.append(limit)
     return checks
 
 
@@ -346,11 +364,14 @@ def probe_containers(client: KazooClient, root: str, config: ClientConfig) -> li
     ]
 
 
-def run_checks(client: KazooClient, root: str, config: ClientConfig) -> list[Check]:
-    """Every check after connecting (see the module docstring), in report order."""
+def run_checks(
+    client: KazooClient, root: str, config: ClientConfig, sessions: int = 1
+) -> list[Check]:
+    """Every check after connecting (see the module docstring), in report order; ``sessions``:
+    how many ZooKeeper sessions one worker of the app opens."""
     negotiated = adapter.negotiated_timeout(client)
     checks = [session_timeout_check(config.session_timeout, negotiated)]
-    checks += server_checks(config, negotiated)
+    checks += server_checks(config, negotiated, sessions)
     checks += probe_containers(client, root, config)
     return checks
 

@@ -16,10 +16,15 @@ if one is removed or changes meaning::
           "key": "account_id=42~1f0c...",
           "mode": "exclusive",       # exclusive | shared | semaphore | null (nobody holds)
           "limit": null,             # a semaphore's N (at most N holders), else null
+          "admissions": [1718000000.1],  # lock_rate: when its recorded admissions were made
+                                     # (server's clock), those of the last period
           "holders": [NODE, ...],    # one writer, the readers ahead of the first writer,
                                      # or a semaphore's first N nodes
           "waiters": [NODE, ...]     # in the order they will be granted
         }
+      ],
+      "held": [                      # ``locks`` only: messages held at the workers' gates
+        {"path": "/zklock/...", "count": 3, "oldest": 12.5, "workers": ["w1@host"]}
       ]
     }
 
@@ -50,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from celery_zklock.gate.step import HeldMessages
 from celery_zklock.holders import Entry, LockState
 
 SCHEMA: Final = 1
@@ -105,6 +111,7 @@ def lock_document(root: str, state: LockState, now: float) -> dict[str, Any]:
         "key": key,
         "mode": state.mode,
         "limit": state.limit,
+        "admissions": list(state.admissions),
         "holders": [node_document(state, e, now, None) for e in state.holders],
         "waiters": [
             node_document(state, e, now, position)
@@ -185,6 +192,10 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
         for position, entry in enumerate(state.waiters, start=1):
             body.append(_row(path, entry, f"waiter {position}", now, state.limit))
             path = ""
+        if state.admissions:  # lock_rate: the admissions its key recorded
+            newest = duration(max(0.0, now - state.admissions[-1]))
+            role = f"rate: {len(state.admissions)} admitted, last {newest} ago"
+            body.append([path, "rate", role, *[""] * (len(COLUMNS) - 3), ""])
     if not body:
         return "no locks held"
     header = [*COLUMNS, "NOTE"]
@@ -192,3 +203,10 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
         header = header[:-1]
         body = [row[:-1] for row in body]
     return table([header, *body])
+
+
+def held_table(held: Sequence[HeldMessages]) -> str:
+    """The messages held at the workers' gates, per lock: count, the oldest's wait, workers."""
+    rows = [["HELD AT GATES", "MESSAGES", "OLDEST", "WORKERS"]]
+    rows += [[h.path, str(h.count), duration(h.oldest), ",".join(h.workers)] for h in held]
+    return table(rows)

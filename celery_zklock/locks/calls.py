@@ -5,13 +5,15 @@ handler's ``get(timeout=...)`` raises ``gevent.Timeout``, which cannot be told a
 time limit the gevent pool throws into a task. So every request the library waits for is sent
 with ``*_async`` and awaited here: :func:`wait_result` waits in short slices
 (:func:`wait_slice`) until a :class:`Deadline`, raising
-:class:`~celery_zklock.errors.ZooKeeperUnavailable` when it passes; :func:`synced_children`
-lists a node's children as the leader has them. Nothing here keeps state.
+:class:`~celery_zklock.errors.ZooKeeperUnavailable` when it passes (or when the deadline's
+outage check says that waiting on is pointless); :func:`synced_children` lists a node's
+children as the leader has them. Nothing here keeps state.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery_zklock.errors import ZooKeeperUnavailable
@@ -20,17 +22,41 @@ from celery_zklock.errors import ZooKeeperUnavailable
 WAIT_SLICE = 0.1
 
 
-class Deadline:
-    """A point in monotonic time, or none (wait without limit)."""
+Outage = Callable[[], "str | None"]
+"""Why waiting on for ZooKeeper is pointless now (the client has been without a connection, or
+an answer, for too long), or None: see :meth:`ClientContext.outage
+<celery_zklock.locks.context.ClientContext.outage>`."""
 
-    def __init__(self, seconds: float | None) -> None:
+
+class Deadline:
+    """A point in monotonic time, or none (wait without limit).
+
+    With ``outage``, the deadline also counts as expired as soon as ``outage()`` names a reason
+    (:meth:`why` then gives it): every wait bounded by the deadline ends there, whatever time
+    is left.
+    """
+
+    def __init__(self, seconds: float | None, outage: Outage | None = None) -> None:
         self.at = None if seconds is None else time.monotonic() + seconds
+        self.outage = outage
 
     def remaining(self) -> float | None:
         return None if self.at is None else max(0.0, self.at - time.monotonic())
 
     def expired(self) -> bool:
-        return self.at is not None and time.monotonic() >= self.at
+        if self.at is not None and time.monotonic() >= self.at:
+            return True
+        return self.gave_up()
+
+    def gave_up(self) -> bool:
+        """True if the outage check names a reason now (whatever time is left)."""
+        return self.outage is not None and self.outage() is not None
+
+    def why(self, what: str, late: str = "ZooKeeper did not answer in time") -> str:
+        """Why a wait ``what`` (a phrase like "waiting for lock /x") ended at this deadline:
+        the outage's reason if there is one, else ``late``."""
+        reason = self.outage() if self.outage is not None else None
+        return f"{late if reason is None else reason} while {what}"
 
 
 def wait_slice(deadline: Deadline) -> float:
@@ -50,7 +76,7 @@ def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
     """
     while not result.ready():
         if deadline.expired():
-            raise ZooKeeperUnavailable(f"ZooKeeper did not answer in time while {what}")
+            raise ZooKeeperUnavailable(deadline.why(what))
         result.wait(wait_slice(deadline))
     return result.get()
 

@@ -5,9 +5,10 @@ client. It keeps
 
 - the **session**: the current session id, whether the client can send at all
   (:meth:`~ClientContext.check_usable`), waiting for a connection
-  (:meth:`~ClientContext.await_connected`), and the **negotiated session timeout**, always
-  known before a lease is handed out (a client that connected before celery-zklock saw its
-  handshake is made to reconnect once);
+  (:meth:`~ClientContext.await_connected`), since when it has been without one and so when a
+  wait gives up on ZooKeeper (:meth:`~ClientContext.outage`), and the **negotiated session
+  timeout**, always known before a lease is handed out (a client that connected before
+  celery-zklock saw its handshake is made to reconnect once);
 - the client's **lease clock** (:class:`~celery_zklock.locks.clock.LeaseClock`, with its break
   watches), told of kazoo's states: LOST (the session expired) ends every lease at once, a new
   session on CONNECTED ends the leases of the old one;
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -36,7 +38,7 @@ from kazoo.protocol.states import KazooState
 
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
 from celery_zklock.locks import adapter
-from celery_zklock.locks.calls import Deadline, wait_slice
+from celery_zklock.locks.calls import Deadline, Outage, wait_slice
 from celery_zklock.locks.clock import LeaseClock, LeaseTiming, timing_for
 
 logger = logging.getLogger("celery_zklock.locks")
@@ -68,7 +70,16 @@ class ClientContext:
         #: Incremented at every state kazoo reports, before waiters are woken: watches set
         #: while it stays the same were set on one connection, which is still up.
         self.state_changes = 0
+        #: Since when (monotonic s) the client has been without a connection; None while
+        #: connected. Set at the first state other than CONNECTED, cleared at CONNECTED.
+        self.disconnected_since: float | None = (
+            None if client.state == KazooState.CONNECTED else time.monotonic()
+        )
         self._forced_reconnect = False
+        #: The waits' liveness probe (see :meth:`outage`): when the latest answered probe was
+        #: sent, and when the one in flight was (None: none in flight).
+        self._answered_probe = time.monotonic()
+        self._probe_in_flight: float | None = None
         self.clock = LeaseClock(client, self, self.lock, self.watch_refs)
         #: The client's orphan purge, once one was needed (set by the queue under ``lock``).
         self.orphans: Resumable | None = None
@@ -156,6 +167,67 @@ class ClientContext:
                 event.clear()
         self.timing.check()
 
+    def outage(self, start: float) -> Outage:
+        """The outage check of a wait that began at ``start`` (monotonic s), for its
+        :class:`~celery_zklock.locks.calls.Deadline`: it names a reason once the client has
+        been without a connection, or without an answer, for a session timeout counted from
+        when that began or from ``start``, whichever came later; else None.
+
+        Why a session timeout: the server expires a session that long after it last heard of
+        it, and with it the waiter's node, its place in the queue; and while nothing answers,
+        nothing can grant the lock. A connection back before then (the same session) leaves
+        the wait as it was. kazoo reports a lost connection at once when the server's process
+        is gone or refuses connections, and at most ``2T/3`` after the last answer on a silent
+        link - unless the process keeps sending on the client (other threads holding leases
+        renew every ``T/8``): kazoo pings only after ``T/3`` without sending, so it then stays
+        CONNECTED. So a wait that has lasted ``T/3`` also keeps one request of its own in
+        flight (an ``exists`` of ``/``, one per client however many wait, sent ``T/3`` after
+        the previous answered one), and an answer missing for ``T`` ends the wait too.
+        """
+
+        def outage() -> str | None:
+            now = time.monotonic()
+            timeout = self.session_timeout
+            since = self.disconnected_since
+            if since is not None:
+                if now - max(since, start) < timeout:
+                    return None
+                what = "no connection to"
+            else:
+                silent_since = self._probe(now) if now - start >= timeout / 3.0 else None
+                if silent_since is None or now - max(silent_since, start) < timeout:
+                    return None
+                what = "no answer from"
+            hosts = ",".join(f"{host}:{port}" for host, port in self.client.hosts)
+            return f"{what} ZooKeeper ({hosts}) for a session timeout ({timeout:g}s)"
+
+        return outage
+
+    def _probe(self, now: float) -> float | None:
+        """Keep a liveness probe in flight (one per ``T/3``); while one is unanswered, return
+        when the latest answered probe was sent, else None."""
+        with self.lock:
+            in_flight, answered = self._probe_in_flight, self._answered_probe
+            send = in_flight is None and now - answered >= self.timing.idle_gap
+            if send:
+                self._probe_in_flight = now
+        if send:
+            try:
+                self.client.exists_async("/").rawlink(
+                    lambda result: self._probe_answered(now, result)
+                )
+            except Exception:  # the client is closing: its waits end on check_usable
+                with self.lock:
+                    self._probe_in_flight = None
+        return answered if in_flight is not None else None
+
+    def _probe_answered(self, sent: float, result: Any) -> None:
+        with self.lock:
+            if self._probe_in_flight == sent:
+                self._probe_in_flight = None
+            if result.successful() and sent > self._answered_probe:
+                self._answered_probe = sent
+
     def await_connected(self, deadline: Deadline, what: str) -> None:
         """Wait until the client is connected; ZooKeeperUnavailable at ``deadline``, or within
         a :data:`~celery_zklock.locks.calls.WAIT_SLICE` of the client becoming unusable (see
@@ -171,7 +243,7 @@ class ClientContext:
             while client.state != KazooState.CONNECTED:
                 self.check_usable()
                 if deadline.expired():
-                    raise ZooKeeperUnavailable(f"ZooKeeper unreachable while {what}")
+                    raise ZooKeeperUnavailable(deadline.why(what, "ZooKeeper unreachable"))
                 event.wait(wait_slice(deadline))
                 event.clear()
 
@@ -190,6 +262,12 @@ class ClientContext:
     def _on_state(self, state: str) -> bool:
         with self.lock:
             self.state_changes += 1
+            if state == KazooState.CONNECTED:
+                self.disconnected_since = None
+                # The handshake was answered: the silence the probe measures starts again.
+                self._answered_probe = max(self._answered_probe, time.monotonic())
+            elif self.disconnected_since is None:
+                self.disconnected_since = time.monotonic()
             wakeups = list(self._wakeups)
         for event in wakeups:
             event.set()

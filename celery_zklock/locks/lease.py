@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
@@ -26,6 +27,9 @@ class Clock(Protocol):
 
     def expire_if_due(self) -> None:
         """Declare the clock's leases lost now if it ran out."""
+
+    def valid_until(self) -> float:
+        """Until when (``time.monotonic()``) the clock's leases are safe without a renewal."""
 
 
 class Hold:
@@ -183,6 +187,20 @@ class Lease:
     def held(self) -> bool:
         """True while neither released nor lost."""
         return not self._released and not self.lost
+
+    @property
+    def valid_for(self) -> float:
+        """Seconds the lease stays held from now if no renewal is answered meanwhile; 0.0 once
+        it is released or lost.
+
+        A bound the lease clock proves from the leader's answers: nobody else can be granted the
+        lock before it runs out, unless an operator deletes the node (``break --force``). For
+        work that cannot be fenced, start a step only when it leaves room for that step (a
+        paused process still outlives it; see docs/concepts.md).
+        """
+        if not self.held:
+            return 0.0
+        return max(0.0, self._hold.clock.valid_until() - time.monotonic())
 
     def check(self) -> None:
         """Raise :class:`LockLost` if the lease was lost; for code that checks at safe points."""

@@ -98,7 +98,10 @@ class Mutex:
 
         Raises:
             LockTimeout: other holders kept the lock until the deadline.
-            ZooKeeperUnavailable: ZooKeeper did not answer in time, or the client is not
+            ZooKeeperUnavailable: ZooKeeper did not answer in time, or the client has been
+                without a connection or an answer for a session timeout during this acquire
+                (whatever ``timeout`` is left, even ``None``: see :meth:`ClientContext.outage
+                <celery_zklock.locks.context.ClientContext.outage>`), or the client is not
                 started (raised at once), or ZooKeeper failed the request.
             ConfigurationError: the negotiated session timeout is below 1 s (see
                 :data:`~celery_zklock.locks.clock.MIN_SESSION_TIMEOUT`).
@@ -139,12 +142,19 @@ class Mutex:
         return Lease(hold, self._release)
 
     def _deadlines(self, blocking: bool, timeout: float | None) -> tuple[Deadline, Deadline]:
-        """The deadline of the wait for other holders, and the one of each request's answer."""
-        allowance = self._context.timing.idle_gap
+        """The deadline of the wait for other holders, and the one of each request's answer.
+
+        The answers' deadline also gives up once the client has been without a connection
+        for a session timeout during this acquire (:meth:`ClientContext.outage
+        <celery_zklock.locks.context.ClientContext.outage>`), whatever ``timeout`` is left:
+        every wait of the acquire is bounded by it (a lost connection wakes the wait for
+        other holders, which then waits for answers)."""
+        context = self._context
+        outage = context.outage(time.monotonic())
         if timeout is None:
-            wait = Deadline(None)
-            return wait, (wait if blocking else Deadline(self._context.session_timeout))
-        return Deadline(timeout), Deadline(max(timeout, allowance))
+            wait = Deadline(None, outage)
+            return wait, (wait if blocking else Deadline(context.session_timeout, outage))
+        return Deadline(timeout), Deadline(max(timeout, context.timing.idle_gap), outage)
 
     def _reenter(self, thread_id: int) -> Hold | None:
         context = self._context

@@ -393,9 +393,11 @@ class ContenderQueue:
                 if wait.expired():
                     if client.state != KazooState.CONNECTED:
                         raise ZooKeeperUnavailable(
-                            f"ZooKeeper unreachable while waiting for lock {self.path}"
+                            wait.why(f"waiting for lock {self.path}", "ZooKeeper unreachable")
                         )
                     raise LockTimeout(f"timed out waiting for lock {self.path}")
+                if io.gave_up():  # nothing answers: see ClientContext.outage
+                    raise ZooKeeperUnavailable(io.why(f"waiting for lock {self.path}"))
         return (
             own is not None
             and (stat is None or deleted)
@@ -454,9 +456,14 @@ class ContenderQueue:
 
     def abandon(self, prefix: str) -> None:
         """Remove the node(s) of an abandoned attempt, found by its uuid prefix
-        (:func:`remove_attempt`). When ZooKeeper fails on the way the removal goes on in the
-        background (:meth:`abandon_later`); anything else that lands here (the caller's time
-        limit, say) schedules that too and is raised."""
+        (:func:`remove_attempt`). When the client is not connected, or ZooKeeper fails on the
+        way, the removal goes on in the background (:meth:`abandon_later`); anything else that
+        lands here (the caller's time limit, say) schedules that too and is raised."""
+        if self.context.session_id() is None:
+            # Not connected: a removal now would only wait (the caller may be leaving its wait
+            # because nothing answers); the purge does it after the reconnect.
+            self.abandon_later(prefix)
+            return
         io = Deadline(self.context.timing.idle_gap)
         try:
             remove_attempt(self.client, self.path, prefix, io)

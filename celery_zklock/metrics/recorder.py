@@ -104,6 +104,19 @@ class Recorder:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.rate = Counter(
+            "zklock_rate_decisions",
+            "Admissions under lock_rate, by outcome (admitted, refused).",
+            ["task", "outcome"],
+            registry=registry,
+        )
+        self.gate_held = Gauge(
+            "zklock_gate_held",
+            "Messages the workers' gates hold until their lock can be granted.",
+            ["task"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self._lock = threading.Lock()
         self._lost_leases: OrderedDict[tuple[Any, ...], None] = OrderedDict()
 
@@ -221,6 +234,20 @@ def use_recorder(recorder: Recorder | None) -> None:
             signal.disconnect(receiver, dispatch_uid="zklock-metrics")
         else:
             signal.connect(receiver, weak=False, dispatch_uid="zklock-metrics")
+
+
+def count_rate(task: str, admitted: bool) -> None:
+    """A run of ``task`` was admitted under its ``lock_rate``, or refused."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.rate.labels(task=task, outcome="admitted" if admitted else "refused").inc()
+
+
+def count_held(task: str, change: int) -> None:
+    """The worker's gate holds ``change`` more (or, negative, fewer) messages of ``task``."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.gate_held.labels(task=task).inc(change)
 
 
 def active_recorder() -> Recorder | None:

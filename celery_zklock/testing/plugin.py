@@ -15,6 +15,8 @@ Fixtures:
 * ``zk_hosts`` (session): its connection string.
 * ``redis_server`` (session): a started :class:`RedisServer`; or an :class:`ExternalRedis` when
   ``ZKLOCK_TEST_REDIS_URL`` is set. ``redis_url`` (session): its URL.
+* ``rabbitmq_server`` (session): a started private :class:`RabbitMQServer` node;
+  ``amqp_url`` (session): its URL.
 * ``zk_client`` (function): a connected ``KazooClient`` on ``zk_hosts``, stopped and closed after.
 * ``lock_root`` (function): a unique znode path ``/zklock-test/<test-name>-<8 hex>`` that does not
   exist yet (not created); everything under it is deleted after the test.
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from celery_zklock.testing.processes import StackError
+from celery_zklock.testing.rabbitmq import RabbitMQServer
 from celery_zklock.testing.redis_server import RedisServer
 from celery_zklock.testing.security import ZooKeeperSecurity
 from celery_zklock.testing.zookeeper import ZooKeeperEnsemble, ZooKeeperServer
@@ -165,6 +168,19 @@ def redis_server() -> Iterator[RedisServer | ExternalRedis]:
 def redis_url(redis_server: RedisServer | ExternalRedis) -> str:
     """The Redis URL for the session."""
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitMQServer]:
+    """A started private RabbitMQ node for the session (Debian's ``rabbitmq-server``)."""
+    with RabbitMQServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def amqp_url(rabbitmq_server: RabbitMQServer) -> str:
+    """The AMQP URL of the session's RabbitMQ node (user ``guest``)."""
+    return rabbitmq_server.url
 
 
 def _connected_client(hosts: str) -> KazooClient:

@@ -628,3 +628,32 @@ def _install_cleanup_hooks() -> None:
         _sigterm_installed = True
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class OneProcessService(Service):
+    """A :class:`Service` that is one child process serving on one port (Redis, a RabbitMQ
+    node): :meth:`start` sets ``_child`` and ``_port``; :meth:`stop` destroys the child and keeps
+    the tail of its log in ``last_log_tail``."""
+
+    _port: int | None = None
+    last_log_tail: str = ""
+
+    def is_started(self) -> bool:
+        return self._child is not None
+
+    def _discard(self, child: ChildProcess) -> None:
+        child.destroy()
+        self.last_log_tail = child.last_log_tail
+
+    def stop(self) -> None:
+        """Stop the process and remove its directory; returns once it is gone. Idempotent."""
+        child, self._child, self._port = self._child, None, None
+        if child is not None:
+            self._discard(child)
+
+    @property
+    def port(self) -> int:
+        """The port (raises StackError before start)."""
+        if self._port is None:
+            raise self._not_started()
+        return self._port

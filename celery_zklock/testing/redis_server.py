@@ -18,7 +18,7 @@ from pathlib import Path
 from celery_zklock.testing.processes import (
     ChildProcess,
     MissingDependency,
-    Service,
+    OneProcessService,
     StackError,
     free_port,
     make_temp_dir,
@@ -41,7 +41,7 @@ def _ping(port: int, timeout: float = 0.5) -> bool | None:
         return None
 
 
-class RedisServer(Service):
+class RedisServer(OneProcessService):
     """A Redis server on a free 127.0.0.1 port with a private directory, removed on stop.
 
     ``port_picker`` replaces :func:`free_port` (tests use it to force a taken port);
@@ -77,14 +77,9 @@ class RedisServer(Service):
         self._executable = executable
         self._pick_port = port_picker or free_port
         self._start_attempts = start_attempts
-        self._port: int | None = None
-        self.last_log_tail = ""
 
     def __repr__(self) -> str:
         return f"<RedisServer port={self._port} pid={self.pid}>"
-
-    def is_started(self) -> bool:
-        return self._child is not None
 
     def _find_executable(self) -> str:
         name = self._executable or "redis-server"
@@ -166,23 +161,6 @@ class RedisServer(Service):
 
     def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> None:
         child.wait_ready(deadline, lambda: _ping(port), ports=[port], bind_failure=_BIND_FAILURE_RE)
-
-    def _discard(self, child: ChildProcess) -> None:
-        child.destroy()
-        self.last_log_tail = child.last_log_tail
-
-    def stop(self) -> None:
-        """Stop Redis and remove its directory; returns once the process is gone. Idempotent."""
-        child, self._child, self._port = self._child, None, None
-        if child is not None:
-            self._discard(child)
-
-    @property
-    def port(self) -> int:
-        """The port (raises StackError before start)."""
-        if self._port is None:
-            raise self._not_started()
-        return self._port
 
     @property
     def url(self) -> str:

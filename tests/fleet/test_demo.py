@@ -74,7 +74,7 @@ def test_settings_report_every_problem_at_once() -> None:
         Settings.from_env(
             {
                 "ZKLOCK_HOSTS": "zk1:2181,zk2",
-                "ZKLOCK_BROKER_URL": "amqp://guest@localhost//",
+                "ZKLOCK_BROKER_URL": "kafka://localhost:9092",
                 "ZKLOCK_RECORD_URL": "redis://:99999999/0",
                 "ZKLOCK_POOL": "eventlett",
                 "ZKLOCK_CONCURRENCY": "0",
@@ -86,7 +86,7 @@ def test_settings_report_every_problem_at_once() -> None:
     text = str(bad.value)
     for name in (
         "ZKLOCK_HOSTS: 'zk2' is not host:port",
-        "ZKLOCK_BROKER_URL must be a Redis URL",
+        "ZKLOCK_BROKER_URL must be a Redis or RabbitMQ URL",
         "ZKLOCK_RECORD_URL",
         "ZKLOCK_POOL must be one of prefork, threads, gevent, solo; got 'eventlett'",
         "ZKLOCK_CONCURRENCY must be a whole number >= 1, got 0",
@@ -138,7 +138,7 @@ def test_demo_is_a_fleet_subcommand() -> None:
         "kill",
         "pause",
         "expire",
-        "redis_restart",
+        "broker_restart",
         "stall_before_write",
     }
     assert {"prefork", "threads"} <= set(demo.DEMO.pools)
@@ -172,6 +172,9 @@ def test_fleet_config_redelivers_what_a_dead_worker_held() -> None:
     assert transport["visibility_timeout"] == 25
     # Swept often enough that a dead worker's message waits about the visibility timeout.
     assert transport["unacked_restore_interval"] * transport["unacked_restore_throttle"] <= 5
+    # RabbitMQ: no visibility timeout (a dead worker's connection closes); publisher confirms.
+    amqp = replace(settings, broker_url="amqp://guest:guest@h:5672//")
+    assert celery_config(amqp)["broker_transport_options"] == {"confirm_publish": True}
 
 
 def test_python_m_workers_names_missing_settings_and_exits_2() -> None:
@@ -287,7 +290,7 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     # Demo-shaped, smaller: the full demo takes about a minute.
     status = demo.main(
         [
-            *("--tasks", "24", "--duration", "4", "--faults", "expire:1,redis_restart:1"),
+            *("--tasks", "24", "--duration", "4", "--faults", "expire:1,broker_restart:1"),
             *("--out", str(tmp_path), "--no-progress"),
         ]
     )
@@ -299,9 +302,12 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert status == 0, out
     assert counts["tasks"] == 24
     assert counts["lost"] == counts["violations"] == counts["stale"] == counts["leftover"] == 0
-    assert counts["ran"] + counts["skipped"] + counts["failed"] == 24
+    # The broker restart may drop a message it was handing out (workers/whereabouts.py): the
+    # checker counts it apart, and at most one per restart.
+    assert counts["dropped"] <= 1, out
+    assert counts["ran"] + counts["skipped"] + counts["failed"] + counts["dropped"] == 24, out
     assert counts["ran"] >= 2, out
-    assert "fault expire at" in out and "fault redis_restart at" in out
+    assert "fault expire at" in out and "fault broker_restart at" in out
     assert (tmp_path / "report.html").is_file()
     # Every worker (and, for prefork, its pool processes) is gone once main returned.
     pids = [int(pid) for pid in re.findall(r"^worker \S+ \(\w+ x\d+, pid (\d+)", out, re.M)]

@@ -28,3 +28,17 @@ def other_client(zk_hosts: str) -> Iterator[KazooClient]:
     yield client
     client.stop()
     client.close()
+
+
+@pytest.fixture
+def sessions(request: pytest.FixtureRequest, zk_hosts: str) -> Iterator[list[KazooClient]]:
+    """Started sessions on the test ZooKeeper, one contender each: as many as the test's
+    ``sessions`` parametrisation says (``indirect``), else 4; stopped and closed after."""
+    count = getattr(request, "param", 4)
+    clients = [KazooClient(zk_hosts, timeout=10) for _ in range(count)]
+    for client in clients:
+        client.start(timeout=15)
+    yield clients
+    for client in clients:
+        client.stop()
+        client.close()

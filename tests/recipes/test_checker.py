@@ -20,6 +20,7 @@ from tests.lockutil import expire_session, wait_for
 from workers.checker import FaultCount, RunReport, TaskOutcome, check_run
 from workers.record import (
     FAULT_KINDS,
+    MAIN_PROCESS_KILL,
     FaultLog,
     FaultRecord,
     Mode,
@@ -57,7 +58,13 @@ def killed(pid: int, at: float = 0.0, *, late: bool = False) -> SectionEvent:
 
 
 def forced(
-    kind: str, pid: int = 0, hostname: str = "", *, at: float = 0.0, timeout: float | None = 4.0
+    kind: str,
+    pid: int = 0,
+    hostname: str = "",
+    *,
+    at: float = 0.0,
+    timeout: float | None = 4.0,
+    valid_until: float | None = None,
 ) -> SectionEvent:
     """A ``paused``, ``expired`` or ``survived`` event (defaults: the process of ``ev``'s
     events; a pause at ``at`` of a worker whose session timeout is 4 s)."""
@@ -71,6 +78,7 @@ def forced(
         pid=pid,
         time=at,
         session_timeout=timeout if kind == "paused" else None,
+        valid_until=valid_until,
     )
 
 
@@ -303,6 +311,26 @@ def test_a_pause_excuses_only_a_successor_entering_once_the_session_can_have_exp
     assert check(survived, outcomes=lost).violations == 1
 
 
+def test_a_pause_that_carries_the_holders_lease_validity_is_judged_by_it() -> None:
+    # A holder that stopped itself knows until when its lease clock held the lock. A server or a
+    # renewer that fell behind just before the stop brings the legitimate expiry closer than
+    # half the timeout (a CI run saw it), and the validity still says where the fault line is.
+    def history(enter_at: float) -> list[SectionEvent]:
+        return [
+            ev("enter", "a", token=1, time=0.0),
+            forced("paused", at=1.0, valid_until=1.8),
+            ev("enter", "b", token=2, time=enter_at),
+            ev("exit", "b", token=2, outcome="ok", time=enter_at + 0.2),
+            ev("exit", "a", token=1, outcome="lost", time=5.0),
+        ]
+
+    lost = {"a": TaskOutcome("a", "FAILURE", reason="LockLost: lost")}
+    soon = check(history(2.0), outcomes=lost)  # before half the 4 s timeout, past the validity
+    assert (soon.violations, soon.revoked_overlaps) == (0, 1) and soon.ok
+    inside = check(history(1.7), outcomes=lost)  # the holder's lease still held it
+    assert (inside.violations, inside.revoked_overlaps) == (1, 0) and not inside.ok
+
+
 def test_an_expiry_whose_call_failed_excuses_nothing() -> None:
     events = [
         ev("enter", "a", token=1),
@@ -510,7 +538,7 @@ def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restart
     events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
     submitted = {"ran": 0.0, "dropped": 0.5, "started": 0.6}
     outcomes = {"ran": TaskOutcome("ran", "SUCCESS")}
-    restart = FaultRecord("redis_restart", 0.7, "broker Redis", True, "SIGKILL and restart")
+    restart = FaultRecord("broker_restart", 0.7, "broker Redis", True, "SIGKILL and restart")
 
     def run(faults: Sequence[FaultRecord]) -> RunReport:
         return check_run(
@@ -530,7 +558,10 @@ def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restart
     assert "dropped by the broker across its restarts" in "\n".join(restarted.summary_lines())
     assert restarted.to_json()["broker_dropped"] == 1
     # Without a broker restart nothing excuses a vanished message: it is lost.
-    for faults in ([], [FaultRecord("redis_restart", 0.7, "broker Redis", False, "no permission")]):
+    for faults in (
+        [],
+        [FaultRecord("broker_restart", 0.7, "broker Redis", False, "no permission")],
+    ):
         calm = run(faults)
         assert calm.lost_task_ids == ("dropped", "started") and calm.broker_dropped == 0
 
@@ -552,17 +583,79 @@ def test_only_a_task_submitted_before_a_broker_restart_ended_counts_as_dropped()
             never_delivered=gone,
         )
 
-    restart = FaultRecord("redis_restart", 100.0, "broker", True, "down 0.50 s", ended=100.5)
+    restart = FaultRecord("broker_restart", 100.0, "broker", True, "down 0.50 s", ended=100.5)
     report = run(restart)
     assert report.broker_dropped_task_ids == ("before", "during")
     assert report.lost_task_ids == ("after",) and report.lost == 1 and not report.ok
     # A record without ``ended`` (older runs) ends at its start plus the downtime it states.
-    old = run(FaultRecord("redis_restart", 100.0, "broker", True, "SIGKILL; down 0.20 s"))
+    old = run(FaultRecord("broker_restart", 100.0, "broker", True, "SIGKILL; down 0.20 s"))
     assert old.broker_dropped_task_ids == ("before",)
     assert old.lost_task_ids == ("during", "after")
     # ``ended`` survives the round trip through Redis's JSON, and is left out when unset.
     assert FaultRecord.from_json(restart.to_json()) == restart
     assert "ended" not in FaultRecord("kill", 1.0, "w", True, "SIGKILL").to_json()
+
+
+def test_a_message_no_worker_received_counts_as_dropped_only_across_a_consumers_death() -> None:
+    # kombu's Redis transport pops a message, then records it as delivered: a worker killed as
+    # a whole between the two loses it. One a worker received (its log says so) and that is
+    # gone was lost by the worker, the gate's failure to catch: lost whatever the faults.
+    events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
+    submitted = {"ran": 0.0, "popped": 5.0, "received": 5.0, "later": 20.0}
+    gone = {"popped", "received", "later"}
+
+    def run(fault: FaultRecord) -> RunReport:
+        return check_run(
+            submitted=submitted,
+            outcomes={"ran": TaskOutcome("ran", "SUCCESS")},
+            events=events,
+            faults=[fault],
+            leftover_nodes=0,
+            never_delivered=gone,
+            never_received={"popped", "later"},
+        )
+
+    for fault in (
+        FaultRecord("kill_held", 10.0, "w1", True, f"{MAIN_PROCESS_KILL} and pool (3 processes)"),
+        FaultRecord("kill", 10.0, "w1 main process", True, f"{MAIN_PROCESS_KILL}; restarted"),
+    ):
+        report = run(fault)
+        assert report.broker_dropped_task_ids == ("popped",), fault
+        assert report.lost_task_ids == ("received", "later")
+    # A pool process killed, or a whole worker not killed after all: nothing excuses it.
+    for fault in (
+        FaultRecord("kill", 10.0, "w1 pool process", True, "SIGKILL of a pool process"),
+        FaultRecord("kill_held", 10.0, "", False, "the gate held none"),
+    ):
+        assert run(fault).lost_task_ids == ("popped", "received", "later"), fault
+
+
+def test_unrelated_tasks_count_as_tasks_and_report_their_latency() -> None:
+    events = section("a", 1)
+    submitted = {"a": 0.0, **{f"u{i}": float(i) for i in range(100)}}
+    unrelated = {f"u{i}" for i in range(100)}
+    outcomes = {t: TaskOutcome(t, "SUCCESS") for t in submitted if t != "u99"}
+    done_at = {f"u{i}": i + 0.01 * (i + 1) for i in range(100)} | {"a": 9.0}
+    report = check_run(
+        submitted=submitted,
+        outcomes=outcomes,
+        events=events,
+        faults=[],
+        leftover_nodes=0,
+        unrelated=unrelated,
+        done_at=done_at,
+        gate=False,
+        gate_held_max=0,
+    )
+    # No section of their own, and none missing: u99 (no result) is lost, the others ran.
+    assert (report.tasks, report.ran, report.lost, report.unrelated) == (101, 100, 1, 100)
+    assert report.ran_without_section == 0 and report.lost_task_ids == ("u99",)
+    assert sorted(report.unrelated_latency_seconds) == pytest.approx(
+        [0.01 * (i + 1) for i in range(99)]
+    )
+    line = next(x for x in report.summary_lines() if x.startswith("unrelated tasks"))
+    assert "p50 0.500 s, p95 0.950 s, p99 0.990 s" in line and "(gate off, at most 0 held" in line
+    assert min(report.to_json()["unrelated_latency_seconds"]) == pytest.approx(0.01)
 
 
 def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
@@ -646,7 +739,7 @@ def test_a_history_recorded_in_redis_reads_back_and_checks(
     recorder.record_kill(HOST, 41, 2.5, late=True)  # found dead after b entered
     recorder.record(ev("exit", "b", token=2, hostname=HOST, pid=42, time=3.0, outcome="ok"))
     log.record(FaultRecord("kill", 2.4, f"{HOST} pid 41", True, "SIGKILL"))
-    log.record(FaultRecord("redis_restart", 2.6, "redis", False, "no permission"))
+    log.record(FaultRecord("broker_restart", 2.6, "redis", False, "no permission"))
     # a record written before ``outcome`` existed still reads
     redis_client.rpush(
         recorder.key, '{"kind":"enter","task_id":"old","key":"k2","mode":"shared","token":7}'
@@ -655,11 +748,11 @@ def test_a_history_recorded_in_redis_reads_back_and_checks(
     events = recorder.events()
     assert events[:2] == written and events[2] == killed(41, 2.5, late=True)
     assert events[3].outcome == "ok" and events[4].outcome is None and events[4].token == 7
-    assert log.records()[1] == FaultRecord("redis_restart", 2.6, "redis", False, "no permission")
+    assert log.records()[1] == FaultRecord("broker_restart", 2.6, "redis", False, "no permission")
 
     report = check(events, faults=log.records())
     assert (report.violations, report.revoked_overlaps, report.killed_sections) == (0, 1, 1)
-    assert report.faults_by_kind == {"kill": (1, 0), "redis_restart": (0, 1)}
+    assert report.faults_by_kind == {"kill": (1, 0), "broker_restart": (0, 1)}
     recorder.clear()
     log.clear()
     assert recorder.events() == [] and log.records() == []
@@ -678,10 +771,11 @@ def test_records_reject_what_they_cannot_mean() -> None:
         "expire",
         "leader",
         "partition",
-        "redis_restart",
+        "broker_restart",
         "blackhole",
         "follower_partition",
         "stall_before_write",
+        "kill_held",
     }
     with pytest.raises(ValueError, match="forced loss"):
         SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)

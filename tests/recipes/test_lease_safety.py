@@ -5,7 +5,8 @@ Each scenario runs 20 trials. A trial: the holder acquires ``Mutex(holder_client
 registers ``lease.on_lost``; a waiter (another client) blocks on ``Mutex(waiter_client,
 path).acquire()``; then the holder is cut off silently (a black-hole proxy, or its ZooKeeper
 member cut off from the leader). Both moments are taken with ``time.monotonic()`` in this one
-process: ``margin = granted_at - lost_at`` must be > 0 in every trial. A trial whose waiter is
+process: ``margin = granted_at - lost_at`` must be > 0 in every trial, and the waiter must not be
+granted before the holder's ``lease.valid_for``, read at the cut, ran out. A trial whose waiter is
 never granted, or whose holder is never told, within 30 s of the cut fails.
 
 Scenarios:
@@ -25,7 +26,7 @@ Black-hole trials run concurrently, each cutting at a random moment after its ac
 rounds of a few holders share one cut, made at a random moment, with holders started at random
 moments before it. So the cut falls at every phase of the clients' ping and renewal cycles and
 of the servers' ticks. Only the public API is used: ``Mutex``,
-``Lease.on_lost`` and ``Lease.lost``.
+``Lease.on_lost``, ``Lease.lost`` and ``Lease.valid_for``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Outcome:
 
     index: int
     cut_at: float | None = None
+    held_until: float | None = None
+    """When the holder's lease would run out by ``Lease.valid_for`` read at the cut."""
     lost_at: float | None = None
     granted_at: float | None = None
     error: str | None = None
@@ -103,6 +106,11 @@ class Outcome:
             )
         if self.granted_at < self.cut_at:
             return f"the waiter was granted {self.cut_at - self.granted_at:.2f} s before the cut"
+        if self.held_until is not None and self.granted_at < self.held_until:
+            return (
+                f"the waiter was granted {self.held_until - self.granted_at:.3f} s before the "
+                "holder's Lease.valid_for, read at the cut, ran out"
+            )
         return None
 
 
@@ -210,7 +218,10 @@ class Trial:
                 return
 
     def cut(self, at: float) -> None:
+        """Record the cut, and until when the holder's lease says it holds (``valid_for``)."""
+        assert self.lease is not None
         self.outcome.cut_at = at
+        self.outcome.held_until = time.monotonic() + self.lease.valid_for
 
     def wait(self) -> None:
         """Wait for the grant and the loss notice, each at most EVENT_BOUND s after the cut."""

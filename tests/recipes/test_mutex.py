@@ -32,10 +32,15 @@ def test_lease_layout_token_and_release(zk_client: KazooClient, lock_root: str) 
     stat = zk_client.exists(lease.node)
     assert stat is not None and stat.ephemeralOwner == zk_client.client_id[0]
     assert lease.token == stat.czxid
+    # Held: the lease clock's bound, within the 5T/12 - margin of a fresh grant, renewed onward.
+    timeout = 10.0  # kazoo's default session timeout, which the suite's servers grant
+    first = lease.valid_for
+    assert 0 < first <= 5 * timeout / 12
+    wait_for(lambda: lease.valid_for > first, timeout=timeout, what="a renewal extends it")
     lease.release()
     lease.release()  # idempotent
     assert children(zk_client, path) == []
-    assert not lease.held and not lease.lost
+    assert not lease.held and not lease.lost and lease.valid_for == 0.0
 
 
 def test_parents_are_containers(zk_client: KazooClient, lock_root: str) -> None:
@@ -202,7 +207,7 @@ def test_session_expiry_while_held(
         successor = Mutex(other_client, lock_root).acquire(timeout=10)
         assert successor.token > lease.token
         assert lost.wait(10)
-        assert lease.lost and not lease.held
+        assert lease.lost and not lease.held and lease.valid_for == 0.0
         with pytest.raises(LockLost):
             lease.check()
         lease.release()  # must not remove the successor's node

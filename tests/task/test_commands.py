@@ -33,6 +33,8 @@ from tests.lockutil import wait_for, watches_by_path
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, workers
 
+NO_GATE = {"ZKLOCK_GATE": "false"}
+"""Workers without the gate (celery_zklock.gate): their waiting runs are in the lock's queue."""
 IDENTITY = json.dumps({"task_id": "recipe-run", "task": "none", "worker": "here", "pid": 1})
 
 
@@ -275,6 +277,7 @@ def test_locks_and_holder_name_the_running_task_and_its_waiter(
     taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
 ) -> None:
     app, env, tmp = taskenv
+    env = {**env, **NO_GATE}  # the waiter must wait in the lock's queue, not at the gate
     from tests.taskapp import breakable
 
     with workers(app, "prefork", 2, env, tmp) as (first, second):
@@ -402,6 +405,7 @@ def test_break_ends_the_holder_lock_lost_before_the_waiter_is_granted(
     holder's break watch exists, seen at its first tick), half once the watch exists (seen
     through it); those run the command as a subprocess, the others in this process."""
     app, env, tmp = taskenv
+    env = {**env, **NO_GATE}  # the waiter must wait in the lock's queue, not at the gate
     with workers(app, "prefork", 2, env, tmp) as (first, second):
         figures = [
             break_trial(tmp, env, first, second, zk_client, zk_hosts, f"t{i}", i % 2 == 1)
@@ -429,6 +433,7 @@ def test_break_in_threads_and_gevent_pools(
     """One break of each kind where the body runs in a thread or a greenlet (and, under
     gevent, the lease clock's renewer is a greenlet too)."""
     app, env, tmp = taskenv
+    env = {**env, **NO_GATE}  # the waiter must wait in the lock's queue, not at the gate
     with workers(app, pool, 2, env, tmp) as (first, second):
         for late in (False, True):
             print(break_trial(tmp, env, first, second, zk_client, zk_hosts, f"{pool}{late}", late))
@@ -445,7 +450,8 @@ def test_doctor_passes_on_a_server_that_grants_the_session_timeout(
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    for check in ("connect", "session timeout", "server", "lease safety", "containers", "acl"):
+    for check in ("connect", "session timeout", "server", "lease safety", "containers", "acl",
+                  "connections per address"):  # fmt: skip
         assert any(line.startswith("PASS") and f"  {check}" in line for line in lines), check
     assert not any(line.startswith("FAIL") for line in lines)
 
@@ -488,3 +494,91 @@ def test_locks_with_a_lock_name_that_is_no_znode_name_is_a_usage_error(
     result = invoke("locks", "--task", name)
     assert result.exit_code == 2, (result.exception, result.output)
     assert "a lock name is one znode path segment" in result.output
+
+
+# -- usage: what each command refuses and prints -----------------------------------------------
+
+
+def test_break_prints_each_step_once(
+    zk_hosts: str, holder_client: KazooClient, zk_client: KazooClient
+) -> None:
+    """The command's own lines, not each again from its log records (Python's last resort
+    printed those to stderr when no logging is configured, as in a terminal)."""
+    path = "/taskapp/break-once/k"
+    lease = Mutex(holder_client, path).acquire(timeout=5, data=IDENTITY.encode())
+    lost = threading.Event()
+    lease.on_lost(lambda _: lost.set())
+    releaser = threading.Thread(target=lambda: (lost.wait(30), lease.release()))
+    releaser.start()
+    try:
+        done = celery_zklock(
+            "break", path, "--yes", "--reason", "once", env={"ZKLOCK_HOSTS": zk_hosts}
+        )
+    finally:
+        lost.set()
+        releaser.join(10)
+    output = done.stdout + done.stderr
+    print(output)
+    assert done.returncode == 0, output
+    assert output.count("released after") == 1, output
+    assert output.count(lease.node) == 1, output  # the "released after" line names it
+    assert "zklock break requested" not in output
+    assert zk_client.exists(lease.node) is None
+
+
+def test_locks_of_an_unknown_task_is_a_usage_error_naming_it(
+    cli_env: None, zk_client: KazooClient
+) -> None:
+    unknown = invoke("locks", "--task", "tests.taskapp.brekable")
+    assert unknown.exit_code == 2, unknown.output
+    assert "'tests.taskapp.brekable' is not a task of this app" in unknown.output
+    assert "tests.taskapp.breakable" in unknown.output  # the locked tasks are listed
+    assert "no locks held" not in unknown.output
+    plain = invoke("locks", "--task", "celery.backend_cleanup")
+    assert plain.exit_code == 2 and "is not a ZkLockTask" in plain.output
+    # A task, the lock name one of the app's tasks uses, a lock name that exists under the
+    # root (another app's or a recipe's): each is known, and nothing is held there.
+    zk_client.ensure_path("/taskapp/recipe-lock")
+    for name in ("tests.taskapp.breakable", "breakable", "recipe-lock"):
+        known = invoke("locks", "--task", name)
+        assert known.exit_code == 0, (name, known.output)
+        assert "no locks held" in known.output
+
+
+def test_holder_refuses_arguments_that_are_not_the_calls(cli_env: None) -> None:
+    extra = invoke("holder", "tests.taskapp.breakable", "acct-42")
+    assert extra.exit_code == 2 and "unexpected extra argument (acct-42)" in extra.output
+    too_many = invoke("holder", "tests.taskapp.breakable", "--args", '["a", "b", 1, 2]')
+    assert too_many.exit_code == 2 and "too many positional arguments" in too_many.output
+    unknown = invoke(
+        "holder",
+        "tests.taskapp.breakable",
+        "--kwargs",
+        '{"key": "a", "role": "r", "seconds": 1, "x": 1}',
+    )
+    assert unknown.exit_code == 2 and "unexpected keyword argument 'x'" in unknown.output
+
+
+def test_holder_and_lock_holder_take_just_the_key_arguments(
+    cli_env: None, holder_client: KazooClient
+) -> None:
+    """``breakable(key, role, seconds)`` with ``lock_key=["key"]``: who holds key "lk" is asked
+    with "lk" alone; a call that leaves out the key's own argument is told which."""
+    from tests.taskapp import app, breakable
+
+    forget_settings(app)
+    path = breakable.lock_path("lk")
+    assert path == breakable.lock_path("lk", "any role", 1.0)
+    lease = Mutex(holder_client, path).acquire(timeout=5, data=IDENTITY.encode())
+    try:
+        found = breakable.lock_holder("lk")
+        assert found is not None and (found.task_id, found.node) == ("recipe-run", lease.node)
+        close_clients()  # the one lock_holder opened in this process
+        answer = invoke("holder", "tests.taskapp.breakable", "--args", '["lk"]')
+        assert answer.exit_code == 0, answer.output
+        assert f"lock: {path}" in answer.output and "recipe-run" in answer.output
+        missing = invoke("holder", "tests.taskapp.breakable", "--kwargs", '{"role": "x"}')
+        assert missing.exit_code == 2
+        assert "missing the lock key's argument 'key'" in missing.output
+    finally:
+        lease.release()

@@ -60,11 +60,11 @@ def test_nested_run_leaves_the_outer_interruption_armed(app: Celery, zk_hosts: s
     nested_done = threading.Event()
     reached_end: list[bool] = []
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def inner(self: Any, n: int) -> int:
         return n
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def outer(self: Any, n: int) -> str:
         assert inner(n + 1) == n + 1
         assert inner.apply((n + 2,)).get() == n + 2
@@ -116,13 +116,13 @@ def test_nested_run_does_not_withdraw_the_outer_runs_pending_interruption(
     calls_when_told: list[int] = []
     nested_end = "nested run ended"
 
-    @other.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @other.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def inner(self: Any, n: int) -> int:
         expire_session(zk_hosts, outer_client)
         assert outer_lost.wait(30)
         return n
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def outer(self: Any, n: int) -> str:
         inner(n)
         calls.append((threading.get_ident(), nested_end))
@@ -237,7 +237,7 @@ def test_a_body_told_by_check_is_not_interrupted_again(
     hooked = hook_interruptions(monkeypatch)
     told: list[str] = []
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def job(self: Any, n: int) -> str:
         expire_session(zk_hosts, client)
         assert hooked[0].firing.wait(30)  # lost, and its interruption not yet fired
@@ -280,7 +280,7 @@ def test_an_interruption_after_the_body_returned_ends_the_run_as_lost(
 
     hooked = hook_interruptions(monkeypatch, before_disarm=lose_the_lease_now)
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def job(self: Any, n: int) -> str:
         returned.append(n)
         return "ran"
@@ -301,7 +301,7 @@ def test_a_signal_that_breaks_soft_time_limits_is_refused_at_the_first_task(
 ) -> None:
     ran: list[int] = []
 
-    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False)
+    @app.task(bind=True, base=ZkLockTask, lock_key=["n"], lazy=False, shared=False)
     def job(self: Any, n: int) -> None:
         ran.append(n)
 

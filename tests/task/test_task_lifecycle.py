@@ -1,17 +1,16 @@
 """The lock state after a task's life goes off the happy path, in real `celery worker`s.
 
 Retry from the body, redelivery of a running task's message, soft and hard time limits,
-``kill -9`` of the process holding a lock, ZooKeeper unreachable when a worker starts, and
-RabbitMQ as the broker. "Right" means: released at once where the process survives, freed
-through session expiry (and not before) where it dies, nothing left behind, and the task
-accounted for with a clear reason.
+``kill -9`` of the process holding a lock, ZooKeeper unreachable when a worker starts; the
+retry and the killed child's message on Redis and on RabbitMQ (the ``broker`` fixture). "Right"
+means: released at once where the process survives, freed through session expiry (and not
+before) where it dies, nothing left behind, and the task accounted for with a clear reason.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,19 +19,21 @@ from kazoo.client import KazooClient
 
 from celery_zklock import is_skipped
 from celery_zklock.testing import free_port
-from celery_zklock.testing.witness import check_witness
-from tests.conftest import SESSION_TIMEOUT
+from celery_zklock.testing.rabbitmq import RabbitMQServer
+from tests.conftest import SESSION_TIMEOUT, Broker
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
-from tests.workerproc import contenders, held_session, start_worker, workers
+from tests.workerproc import contenders, held_session, workers
 
 TaskEnv = tuple[Celery, dict[str, str], Path]
 
 
 def test_retry_from_the_body_waits_for_its_own_lock_and_keeps_call_options(
-    taskenv: TaskEnv, zk_client: KazooClient
+    taskenv: TaskEnv, broker: Broker, zk_client: KazooClient
 ) -> None:
-    app, env, tmp = taskenv
+    """On Redis and RabbitMQ: the retry is a new message, published while the lock is held."""
+    app, _, tmp = taskenv
+    env = broker.env
     from tests.taskapp import retry_once
 
     with workers(app, "prefork", 1, env, tmp) as (worker,):
@@ -70,10 +71,40 @@ def test_redelivered_message_of_a_running_task_is_ignored_not_run_twice(
     wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
 
 
-def test_message_of_a_killed_prefork_child_runs_again_once_its_lock_is_free(
-    taskenv: TaskEnv, zk_client: KazooClient
+@pytest.mark.parametrize("broker", ["amqp"], indirect=True)
+def test_copy_handed_out_when_rabbitmq_closed_the_channel_is_ignored_not_run_twice(
+    taskenv: TaskEnv, broker: Broker, rabbitmq_server: RabbitMQServer, zk_client: KazooClient
 ) -> None:
-    app, env, tmp = taskenv
+    """RabbitMQ's redelivery of a running task's message: the node closes the worker's
+    connection (as a passed ``consumer_timeout`` closes its channel) while an ``acks_late`` run
+    holds the lock; the message goes back to the queue and the reconnected worker gets it
+    again. The copy waits 1.5 session timeouts + 1 s for the lock (the first run's process
+    might have died), finds it still held by a live run of the same task id, and is ignored."""
+    app, _, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    with workers(app, "threads", 1, broker.env, tmp, prefix="closed") as (worker,):
+        result = acked_late.apply_async(("cc", 60.0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "starts-cc"), 30, "the first run to start")
+        rabbitmq_server.close_connections("the test: as consumer_timeout would")
+        wait_for(lambda: "event=duplicate-ignored" in worker.log_text(), 30, "the copy's end")
+        (tmp / "release-cc").touch()  # the original holds until the copy was decided
+        value = result.get(timeout=30)
+        log = worker.log_text()
+    assert log.count(f"[{result.id}] received") == 2, log[-6000:]
+    starts = read_records(tmp / "starts-cc")
+    assert [s["task_id"] for s in starts] == [result.id]  # the body ran once
+    assert result.state == "SUCCESS" and not is_skipped(value) and value["token"] > 0
+    wait_for(lambda: not contenders(zk_client, "late"), 5, "the lock node to go")
+
+
+def test_message_of_a_killed_prefork_child_runs_again_once_its_lock_is_free(
+    taskenv: TaskEnv, broker: Broker, zk_client: KazooClient
+) -> None:
+    """On Redis (the message restored to its list) and RabbitMQ (``basic_reject`` with requeue:
+    back at the head of the queue at once, flagged redelivered)."""
+    app, _, tmp = taskenv
+    env = broker.env
     from tests.taskapp import acked_late
 
     # acks_late + reject_on_worker_lost: Celery hands the message out again at once, while the
@@ -172,55 +203,3 @@ def test_unreachable_zookeeper_at_start_retries_then_fails_with_the_reason(
     assert f"could not connect to ZooKeeper at {dead!r}" in str(failure.value)
     assert result.state == "FAILURE"
     assert log.count("Retry in") == 2  # max_retries=2, then the failure: nothing lost
-
-
-def _rabbitmq_url() -> str | None:
-    url = os.environ.get("ZKLOCK_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-    try:
-        from kombu import Connection
-
-        with Connection(url, connect_timeout=2) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception:
-        return None
-    return url
-
-
-def test_rabbitmq_broker_skip_mode(taskenv: TaskEnv, redis_url: str) -> None:
-    url = _rabbitmq_url()
-    if url is None:
-        pytest.skip("no RabbitMQ reachable (set ZKLOCK_TEST_AMQP_URL)")
-    _, env, tmp = taskenv
-    env = {**env, "TASKAPP_BROKER": url, "TASKAPP_BACKEND": redis_url}
-    sender = Celery("taskapp-amqp", broker=url, backend=redis_url, set_as_current=False)
-    suffix = f"{socket.gethostname()}-{os.getpid()}-{tmp.name}"
-    queues = [f"zklock-test-{i}-{suffix}" for i in range(2)]
-    try:
-        started = [
-            # Node names unique on the machine: the RabbitMQ may be shared with another run
-            # (a worker's remote-control queue is named after its node).
-            start_worker(sender, pool, f"amqp{i}-{pool}-{os.getpid()}", env, tmp, queue=queues[i])
-            for i, pool in enumerate(["prefork", "threads"])
-        ]
-        try:
-            results = [
-                sender.send_task(
-                    "tests.taskapp.exclusive_section",
-                    (f"mq{i % 2}", 0.05),
-                    queue=queues[i % 2],
-                )
-                for i in range(20)
-            ]
-            values = [r.get(timeout=60) for r in results]
-        finally:
-            for worker in started:
-                worker.stop()
-    finally:
-        with sender.connection_for_write() as conn:
-            for queue in queues:
-                conn.default_channel.queue_delete(queue)
-    assert all(r.state == "SUCCESS" for r in results)
-    assert 2 <= sum(not is_skipped(v) for v in values) <= 20
-    for key in range(2):
-        report = check_witness(tmp / f"witness-mq{key}")
-        assert report.overlaps == [] and report.unfinished == []

@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 from celery_zklock import ZkLockTask
 from celery_zklock import run as run_module
 from celery_zklock.locks import adapter
+from tests.lockutil import children
 
 
 @pytest.fixture
@@ -45,11 +46,10 @@ def _make_parent(zk_client: KazooClient, lock_path: str) -> None:
 
 
 def _contenders_under(zk_client: KazooClient, path: str) -> list[str]:
-    """Every contender node (``_c_<uuid>-...``) below ``path``."""
-    if zk_client.exists(path) is None:
-        return []
+    """Every contender node (``_c_<uuid>-...``) below ``path`` (a node reaped meanwhile holds
+    none: :func:`tests.lockutil.children`)."""
     found: list[str] = []
-    for child in zk_client.get_children(path):
+    for child in children(zk_client, path):
         if child.startswith("_c_"):
             found.append(f"{path}/{child}")
         found.extend(_contenders_under(zk_client, f"{path}/{child}"))

@@ -4,6 +4,7 @@ a worker, the error itself when called directly), never its timeout policy."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ def test_in_a_worker_an_outage_during_a_wait_retries_then_fails_unavailable(
 
     server = zk_stack_factory.server()
     env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_CONNECT_TIMEOUT": "1"}
+    # The wait must be the pool run's (the gate's own: tests/task/test_gate.py).
+    env["ZKLOCK_GATE"] = "false"
     with workers(app, "threads", 1, env, tmp, prefix="outage") as (worker,):
         holder = long_hold.apply_async(("zo", 60.0), queue=worker.queue)
         held_session(tmp, holder.id)
@@ -98,3 +101,39 @@ def test_in_a_worker_an_outage_during_a_wait_retries_then_fails_unavailable(
     retries = [line for line in log.splitlines() if f"[{waiter.id}] retry" in line]
     assert len(retries) == 3, retries  # Celery's max_retries (3), each with the reason
     assert all("ZooKeeperUnavailable" in line for line in retries)
+
+
+def test_in_a_worker_a_long_wait_gives_up_on_a_dead_zookeeper(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """Issue 34: a run waiting under lock_timeout 120 s (session timeout 4 s) leaves its wait
+    within 5 session timeouts of ZooKeeper dying, naming ZooKeeperUnavailable, and goes on
+    under the ``unavailable`` policy (retries, then FAILURE). Before the fix: it sat in its
+    wait for the full 120 s."""
+    app, env, tmp = taskenv
+    from tests.conftest import SESSION_TIMEOUT
+    from tests.taskapp import long_hold
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_CONNECT_TIMEOUT": "1"}
+    env["ZKLOCK_GATE"] = "false"  # the wait must be the pool run's (the gate's: test_gate.py)
+    with workers(app, "threads", 1, env, tmp, prefix="dead") as (worker,):
+        holder = long_hold.apply_async(("zd", 60.0), queue=worker.queue)
+        held_session(tmp, holder.id)
+        policy = {"timeout": 120.0, "retry_countdown": 0.2}
+        waiter = long_hold.apply_async(("zd", 0.1), queue=worker.queue, zklock=policy)
+        wait_for(lambda: f"event=busy task_id={waiter.id}" in worker.log_text(), 30, "the wait")
+        server.stop()
+        stopped = time.monotonic()
+        first_retry = f"[{waiter.id}] retry"
+        wait_for(lambda: first_retry in worker.log_text(), 5 * SESSION_TIMEOUT, "the wait to end")
+        left = time.monotonic() - stopped
+        with pytest.raises(Exception) as failure:
+            waiter.get(timeout=60)
+        log = worker.log_text()
+    retries = [line for line in log.splitlines() if first_retry in line]
+    assert "ZooKeeperUnavailable" in retries[0] and "session timeout" in retries[0], retries[0]
+    assert left < 5 * SESSION_TIMEOUT, left
+    assert type(failure.value).__name__ == "ZooKeeperUnavailable"
+    assert waiter.state == "FAILURE"
+    assert len(retries) == 3, retries  # Celery's max_retries (3), each with the reason

@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, is_skipped
 from celery_zklock.testing.witness import check_witness
-from tests.conftest import SESSION_TIMEOUT
+from tests.conftest import SESSION_TIMEOUT, Broker
 from tests.lockutil import expire_session_id, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import held_session, workers
@@ -26,11 +26,20 @@ def send(task: Any, queues: list[str], i: int, *args: Any, **options: Any) -> An
     return task.apply_async(args, queue=queues[i % len(queues)], **options)
 
 
-@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize(
+    ("pool", "broker"),
+    [*((pool, "redis") for pool in POOLS), ("prefork", "amqp"), ("threads", "amqp")],
+    indirect=["broker"],
+)
 def test_skip_wait_and_shared_modes(
-    pool: str, taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+    pool: str,
+    taskenv: tuple[Celery, dict[str, str], Path],
+    broker: Broker,
+    zk_client: KazooClient,
 ) -> None:
-    app, env, tmp = taskenv
+    """Every pool on Redis; a prefork and a threads worker on RabbitMQ as well."""
+    app, _, tmp = taskenv
+    env = broker.env
     from tests.taskapp import exclusive_section, shared_section
 
     with workers(app, pool, 2, env, tmp) as fleet:
@@ -71,8 +80,11 @@ def test_skip_wait_and_shared_modes(
     wait_for(lambda: not zk_client.exists("/taskapp/section"), 15, "lock parents to be reaped")
 
 
-REVOCATION_BOUND = 1.0
-"""Seconds from the client learning of the loss to the task's failure being stored."""
+REVOCATION_BOUND = 4.0
+"""Seconds from the client learning of the loss to the task's failure being stored: the body
+(60 s) was interrupted, not run to its end. Well under 1 s on a quiet machine (the tests print
+it); a CI run at load 9 took 1.35 s in a gevent worker, so the test holds the interruption, not
+a latency target (``make bench`` measures those)."""
 
 
 def revocation_delay(tmp: Path, result: Any) -> float:

@@ -174,7 +174,7 @@ def test_json_document_is_stable() -> None:
     assert json.loads(json.dumps(document)) == document
     assert set(document) == {"schema", "root", "time", "locks"} and document["schema"] == 1
     sync, report = document["locks"]
-    assert set(sync) == {"path", "name", "key", "mode", "limit", "holders", "waiters"}
+    assert set(sync) == {"path", "name", "key", "mode", "limit", "admissions", "holders", "waiters"}
     assert sync["limit"] is None
     assert (sync["name"], sync["key"], sync["mode"]) == ("sync", "account_id=1~aa", "exclusive")
     (holder,) = sync["holders"]
@@ -255,6 +255,22 @@ def test_lease_safety_needs_the_session_timeout_at_two_ticks() -> None:
     ].detail
 
 
+def test_connection_limit_is_set_against_one_workers_sessions() -> None:
+    """ZooKeeper refuses connections past maxClientCnxns per client address (60 by default);
+    a prefork worker of concurrency N opens N + 1 sessions."""
+    conf = CONF.format(tick=2000, sync=5) + "maxClientCnxns={limit}\n"
+    fits = checks.connection_limit_check("zk1", conf.format(limit=60), 9)
+    assert fits is not None and fits.status == "PASS" and "6 such workers fit" in fits.detail
+    tight = checks.connection_limit_check("zk1", conf.format(limit=60), 33)
+    assert tight is not None and tight.status == "WARN"
+    over = checks.connection_limit_check("zk1", conf.format(limit=60), 65)
+    assert over is not None and over.status == "FAIL" and "raise maxClientCnxns" in over.detail
+    unlimited = checks.connection_limit_check("zk1", conf.format(limit=0), 65)
+    assert unlimited is not None and unlimited.status == "PASS"
+    assert checks.connection_limit_check("zk1", REFUSED, 9) is None
+    assert checks.connection_limit_check("zk1", CONF.format(tick=2000, sync=5), 9) is None
+
+
 def test_acl_report_names_identities_without_secrets() -> None:
     config = ClientConfig(
         hosts="zk:2181",
@@ -271,12 +287,6 @@ def test_acl_report_names_identities_without_secrets() -> None:
     assert "digest:alice" in check.detail and "sasl DIGEST-MD5 as bob" in check.detail
     assert "s3cret" not in check.detail and "pw" not in check.detail
     assert "open" in checks.acl_check(ClientConfig(hosts="zk:2181"), []).detail
-
-
-def test_host_ports_of_a_connection_string() -> None:
-    assert checks.host_ports("zk1:2181, zk2:2182,zk3/app") == [
-        ("zk1", 2181), ("zk2", 2182), ("zk3", 2181),
-    ]  # fmt: skip
 
 
 def test_report_fails_on_any_fail() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from workers import compose
 from workers.compose import IMAGES, WORKER_REQUIREMENTS
 from workers.settings import Settings
 
@@ -347,3 +348,33 @@ def test_down_runs_again_while_docker_still_holds_a_removed_container_s_endpoint
     answers[:] = [other]
     with pytest.raises(compose_module.DockerError, match="no such service"):
         project.down()
+
+
+def test_the_worker_image_digest_follows_what_goes_into_the_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # build_images skips the worker image (about 45 s of wheels) when its label holds this
+    # digest: it must change with the library, workers/, the Dockerfile and the base image, and
+    # not with byte-code caches.
+    tree = tmp_path / "tree"
+    for name in ("pyproject.toml", "README.md", "compose/worker/Dockerfile"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(name)
+    for name in ("celery_zklock/lock.py", "workers/tasks.py"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text("x = 1\n")
+    monkeypatch.setattr(compose, "ROOT", tree)
+    monkeypatch.setattr(compose, "COMPOSE_DIR", tree / "compose")
+    first = compose.worker_inputs_digest("sha256:base")
+    assert compose.worker_inputs_digest("sha256:base") == first
+    (tree / "workers" / "__pycache__").mkdir()
+    (tree / "workers" / "__pycache__" / "tasks.cpython-311.pyc").write_bytes(b"\0")
+    assert compose.worker_inputs_digest("sha256:base") == first
+    assert compose.worker_inputs_digest("sha256:other") != first
+    for name in ("workers/tasks.py", "celery_zklock/lock.py", "compose/worker/Dockerfile"):
+        before = (tree / name).read_text()
+        (tree / name).write_text(before + "# changed\n")
+        assert compose.worker_inputs_digest("sha256:base") != first, name
+        (tree / name).write_text(before)
+    (tree / "workers" / "new.py").write_text("")
+    assert compose.worker_inputs_digest("sha256:base") != first

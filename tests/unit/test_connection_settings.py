@@ -16,6 +16,7 @@ from celery_zklock.config import (
     DEFAULT_SESSION_TIMEOUT,
     ClientConfig,
     client_config,
+    host_ports,
 )
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.session import KAZOO_CHECKS_HOSTNAMES, new_client
@@ -171,3 +172,35 @@ def test_each_connection_setting_has_one_default() -> None:
     direct, read = ClientConfig(hosts="zk1:2181"), config()
     assert direct.connect_timeout == read.connect_timeout == DEFAULT_CONNECT_TIMEOUT == 5.0
     assert direct.session_timeout == read.session_timeout == DEFAULT_SESSION_TIMEOUT == 10.0
+
+
+def test_host_ports_of_a_connection_string() -> None:
+    assert host_ports("zk1:2181, zk2:2182,zk3/app") == [
+        ("zk1", 2181), ("zk2", 2182), ("zk3", 2181),
+    ]  # fmt: skip
+    assert host_ports("[::1]:2281,zk.example.com") == [("::1", 2281), ("zk.example.com", 2181)]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "entry", "problem"),
+    [
+        ("127.0.0.1:abc", "'127.0.0.1:abc'", "its port is not a number from 1 to 65535"),
+        ("zk1:2181,zk2:70000", "'zk2:70000'", "its port is not a number from 1 to 65535"),
+        ("zk1:0", "'zk1:0'", "its port is not a number from 1 to 65535"),
+        ("zk1:2181,,zk3:2181", "''", "it names no host"),
+        ("zk1:2181,", "''", "it names no host"),
+        (":2181", "':2181'", "it names no host"),
+        ("zk 1:2181", "'zk 1:2181'", "it is not host\\[:port\\]"),
+    ],
+)
+def test_a_malformed_host_list_names_the_setting_and_the_entry(
+    hosts: str, entry: str, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = rf"zklock_hosts \(env ZKLOCK_HOSTS\) .*the entry {entry} is not valid \({problem}\)"
+    with pytest.raises(ConfigurationError, match=expected):
+        client_config({"zklock_hosts": hosts})
+    monkeypatch.setenv("ZKLOCK_HOSTS", hosts)
+    with pytest.raises(ConfigurationError, match=expected):
+        client_config({})
+    with pytest.raises(ConfigurationError, match="chroot"):
+        client_config({"zklock_hosts": "zk1:2181/app//locks"})

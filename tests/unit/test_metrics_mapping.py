@@ -39,9 +39,12 @@ LOCKS = Path(celery_zklock.__file__).parent / "locks"
 # -- outcomes --------------------------------------------------------------------------------
 def test_every_busy_policy_maps_to_an_outcome_or_waits() -> None:
     busy_policies = {policy for situation, policy in TABLE if situation == "busy"}
-    assert busy_policies == {"skip", "wait", "retry", "raise"}
+    assert busy_policies == {"skip", "wait", "retry", "raise", "preempt"}
     mapped = {policy: busy_outcome(policy) for policy in busy_policies}
-    assert mapped == {"skip": "skipped", "retry": "retried", "raise": "busy_raised", "wait": None}
+    assert mapped == {
+        "skip": "skipped", "retry": "retried", "raise": "busy_raised", "wait": None,
+        "preempt": None,  # a wait, after asking the holders to end
+    }  # fmt: skip
     assert {o for o in mapped.values() if o is not None} < set(OUTCOMES)
     assert busy_outcome("no-such-policy") is None
 

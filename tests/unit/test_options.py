@@ -100,7 +100,7 @@ def test_a_format_string_key_is_refused_naming_the_task_and_the_option() -> None
 
 def test_constants_match_the_literal_types() -> None:
     assert LOCK_MODES == get_args(LockMode) == ("exclusive", "shared", "semaphore")
-    assert ON_BUSY_POLICIES == get_args(OnBusy) == ("skip", "wait", "retry", "raise")
+    assert ON_BUSY_POLICIES == get_args(OnBusy) == ("skip", "wait", "retry", "raise", "preempt")
     assert ON_TIMEOUT_POLICIES == get_args(OnTimeout) == ("skip", "retry", "raise")
     assert ON_LOST_POLICIES == get_args(OnLost) == ("raise", "retry")
     fields = {field.name for field in dataclasses.fields(LockOptions)}
@@ -306,7 +306,7 @@ def test_invalid_overrides(
         assert fragment in message
     if "is not allowed" in message:
         assert message.endswith(
-            "allowed keys: dedupe, dedupe_raise, dedupe_ttl, on_busy, on_lost, on_timeout, "
+            "allowed keys: dedupe, dedupe_raise, dedupe_ttl, on_busy, on_lost, on_timeout, rate, "
             "retry_countdown, timeout"
         )
 
@@ -318,3 +318,56 @@ def test_overrides_must_be_a_mapping(base: LockOptions, overrides: object) -> No
     assert str(caught.value).startswith(f"task {TASK!r}: zklock=")
     expected = "give a dict with some of the keys dedupe, dedupe_raise, dedupe_ttl, on_busy"
     assert expected in str(caught.value)
+
+
+# -- acks_late without reject_on_worker_lost -----------------------------------------------------
+
+
+def test_acks_late_without_reject_on_worker_lost_warns_once_at_definition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import warnings
+
+    from celery import Celery
+    from celery import _state as celery_state
+
+    # Only this test's tasks in its apps: not the shared tasks other modules defined.
+    monkeypatch.setattr(celery_state, "_on_app_finalizers", set())
+
+    from celery_zklock import ZkLockTask
+    from celery_zklock.gate.step import install
+    from celery_zklock.options import RedeliveryWarning
+
+    app = Celery("acks", set_as_current=False)
+    with pytest.warns(RedeliveryWarning) as caught:
+
+        @app.task(base=ZkLockTask, acks_late=True, shared=False)
+        def late(k: str) -> None: ...
+
+        app.finalize()  # the task class is made (a task of an app not yet finalized is lazy)
+    (warning,) = caught
+    text = str(warning.message)
+    assert text.startswith(f"task {late.name!r}: acks_late without reject_on_worker_lost")
+    assert "Celery acknowledges its message" in text and "WorkerLostError" in text
+    assert "reject_on_worker_lost=True" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these warns, nor `late` again at worker start
+
+        @app.task(base=ZkLockTask, acks_late=True, reject_on_worker_lost=True, shared=False)
+        def safe(k: str) -> None: ...
+
+        @app.task(base=ZkLockTask, shared=False)
+        def early(k: str) -> None: ...
+
+        assert safe.name != early.name  # both made now (the app is finalized)
+        install(sender=type("Worker", (), {"app": app, "task_events": False})())
+    # The app's settings count once the tasks are bound, as in a worker at start.
+    app2 = Celery("acks2", set_as_current=False)
+    app2.conf.task_acks_late = True
+
+    @app2.task(base=ZkLockTask, shared=False)
+    def by_settings(k: str) -> None: ...
+
+    with pytest.warns(RedeliveryWarning) as caught:
+        install(sender=type("Worker", (), {"app": app2, "task_events": False})())
+    assert [str(w.message).split(":")[0] for w in caught] == [f"task {by_settings.name!r}"]

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from celery_zklock import LockBusy, LockLost, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import RateLimited
 from celery_zklock.policy import TABLE, Verdict, decide
 
 ROWS = [
@@ -15,6 +16,11 @@ ROWS = [
     ("busy", "wait", Verdict("wait")),
     ("busy", "retry", Verdict("retry", LockBusy)),
     ("busy", "raise", Verdict("raise", LockBusy)),
+    ("busy", "preempt", Verdict("wait")),
+    ("rate", "skip", Verdict("skip")),
+    ("rate", "wait", Verdict("wait")),
+    ("rate", "retry", Verdict("retry", RateLimited)),
+    ("rate", "raise", Verdict("raise", RateLimited)),
     ("timeout", "skip", Verdict("skip")),
     ("timeout", "retry", Verdict("retry", LockTimeout)),
     ("timeout", "raise", Verdict("raise", LockTimeout)),

@@ -94,3 +94,35 @@ def test_a_format_string_lock_key_is_refused_when_the_task_is_made(where: str) -
 
     assert str(caught.value).startswith("task 'proj.sync': lock_key='{account_id}' is a format")
     assert str(caught.value).endswith('lock_key=lambda account_id: f"{account_id}"')
+
+
+def test_lock_path_takes_just_the_key_arguments_and_names_a_missing_one() -> None:
+    """An operator asking who holds account x gives x, not the call's other arguments; a call
+    being sent (dedupe) still needs them all."""
+    app = Celery("proj", set_as_current=False)
+    app.conf.zklock_hosts = "127.0.0.1:1"  # lock paths are computed here, nothing connects
+
+    @app.task(base=ZkLockTask, lock_key=["k"], shared=False, lazy=False)
+    def hold(k: str, seconds: float) -> None: ...
+
+    @app.task(base=ZkLockTask, lock_key=["k", "region"], shared=False, lazy=False)
+    def pair(k: str, seconds: float, region: str = "eu") -> None: ...
+
+    @app.task(base=ZkLockTask, lock_key=["k"], lock_dedupe="queued", shared=False, lazy=False)
+    def sent(k: str, seconds: float) -> None: ...
+
+    whole = hold.lock_path("x", 5)
+    assert hold.lock_path("x") == hold.lock_path(k="x") == whole
+    assert pair.lock_path("x") == pair.lock_path("x", 1, "eu") != pair.lock_path("x", region="us")
+    assert pair.lock_path(k="x", region="us") == pair.lock_path("x", 9, "us")
+    with pytest.raises(
+        TypeError, match=r"hold': missing the lock key's argument 'k' \(lock_key=\['k'\]"
+    ):
+        hold.lock_path(seconds=5)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        hold.lock_path("x", 5, 6)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sekonds'"):
+        hold.lock_path("x", sekonds=5)
+    # A call being sent is the whole call: refused before any marker or message.
+    with pytest.raises(TypeError, match="missing a required argument: 'seconds'"):
+        sent.apply_async(("x",))

@@ -1,0 +1,369 @@
+"""The gate: a locked ``wait`` task's message whose lock is busy waits in the worker's main
+process, not in a pool slot, and goes to the pool when the lock can be granted.
+
+The gate sits in front of the consumer's ``on_task_request`` (the call that hands a request to
+the pool, after Celery's ETA and rate-limit handling). A request of a ``ZkLockTask`` whose call
+waits when busy (``on_busy="wait"``) is looked up by its lock path; if the lock could be granted
+now it goes on at once, else it is *held*: received and not acknowledged, like an ETA message
+(the worker's prefetch is raised by one so it keeps fetching, up to ``zklock_gate_max_held``).
+Held messages go to the pool in arrival order per key, when the lock's own predicate
+(:mod:`celery_zklock.gate.line`) says a new contender would be granted; the pool run then takes
+its lock exactly as without the gate, so the gate decides only *when* to dispatch: mutual
+exclusion, the lease clock and revocation stay in the run. One children watch per key per
+worker, whatever the number of held messages; all ZooKeeper answers are handled on the
+consumer's own thread (:meth:`Gate._soon`).
+
+A held message goes to the pool anyway, where its run applies its policies, when its
+``lock_timeout`` (counted from receipt) or the broker's redelivery bound
+(:class:`~celery_zklock.config.GateConfig`) runs out, and when ZooKeeper cannot answer the gate
+(not connected for a session timeout, a failed read). When the consumer stops (shutdown, broker
+connection lost) held messages are forgotten unacknowledged: the broker hands them out again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from celery.worker import state as worker_state
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import KazooState, WatchedEvent
+
+from celery_zklock import outages, visibility
+from celery_zklock.config import GateConfig, settings_of
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.gate.line import Held, KeyLine, may_enter
+from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
+from celery_zklock.locks.identity import parse_identity
+from celery_zklock.metrics.recorder import count_held
+from celery_zklock.options import CALL_OPTION, RECEIVED_OPTION
+from celery_zklock.session import get_client
+from celery_zklock.task import ZkLockTask
+
+logger = logging.getLogger("celery_zklock.gate")
+
+RECHECK_EVERY: Final = 0.05
+"""Seconds between looks at the runs the gate sent to the pool (ended: the next may go)."""
+RECONNECT_EVERY: Final = 5.0
+"""Seconds between the gate's attempts to connect when ZooKeeper was unreachable at start."""
+
+
+class Gate:
+    """The gate of one worker's consumer; see the module docstring. Every method but
+    :meth:`held_counts` runs on the consumer's thread."""
+
+    def __init__(self, consumer: Any, config: GateConfig) -> None:
+        self.consumer = consumer
+        self.config = config
+        self.lines: dict[str, KeyLine] = {}
+        self.client: KazooClient | None = None
+        self._handle: Callable[[Any], Any] | None = None
+        self._entries: list[Any] = []
+        self._outage: Any = None
+        self._started = threading.Event()
+        self.grace = 0.0
+        # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
+        # call_soon got a lock; before that (kombu 5.3) the gate's own inbox, read by _recheck.
+        self._threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
+        self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+
+    def wrap(self, handle: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Put the gate in front of ``handle``, the consumer's ``on_task_request``."""
+        self._handle = handle
+        return self.on_task_request
+
+    @property
+    def held(self) -> int:
+        """Messages held now."""
+        return sum(len(line.held) for line in self.lines.values())
+
+    def held_counts(self) -> dict[str, tuple[int, float]]:
+        """``{lock path: (messages held, seconds the oldest has waited)}`` (for operators)."""
+        now = time.time()
+        counts = {}
+        for path, line in list(self.lines.items()):
+            held = list(line.held)
+            if held:
+                counts[path] = (len(held), now - min(h.received for h in held))
+        return counts
+
+    # -- consumer life --------------------------------------------------------------------
+    def start(self) -> None:
+        """The consumer (re)started: connect in the background (messages pass until then)."""
+        self._started.set()
+        if self.client is None:
+            threading.Thread(target=self._connect, name="zklock-gate-connect", daemon=True).start()
+        self._entries.append(self.consumer.timer.call_repeatedly(RECHECK_EVERY, self._recheck))
+
+    def stop(self) -> None:
+        """The consumer stops: forget held messages, unacknowledged (the broker redelivers)."""
+        self._started.clear()
+        for entry in [*self._entries, self._outage]:
+            if entry is not None:
+                entry.cancel()
+        self._entries, self._outage = [], None
+        self._inbox.clear()
+        for line in self.lines.values():
+            for held in line.held:
+                held.expiry.cancel()
+                count_held(held.request.name, -1)
+        self.lines.clear()
+
+    def _connect(self) -> None:
+        settings = settings_of(self.consumer.app)
+        warned = False
+        while self._started.is_set():
+            try:
+                client = get_client(settings.client)
+            except ConfigurationError as exc:
+                logger.error("celery-zklock gate: off (%s)", exc)
+                return
+            except Exception as exc:
+                if not warned:
+                    outages.warn_unreachable(
+                        settings.client, exc, "locked tasks go straight to the pool until it "
+                        "answers, and end ZooKeeperUnavailable (retried) while it does not",
+                    )  # fmt: skip
+                    warned = True
+                time.sleep(RECONNECT_EVERY)
+                continue
+            self.grace = settings.client.session_timeout
+            client.add_listener(self._on_state)
+            self.client = client
+            return
+
+    # -- messages -------------------------------------------------------------------------
+    def on_task_request(self, request: Any) -> Any:
+        """The consumer's ``on_task_request`` behind the gate."""
+        gated = self._gated(request)
+        if gated is None:
+            return self._send(request)
+        path, kind, timeout = gated
+        line = self.lines.get(path)
+        if line is None:
+            line = self.lines[path] = KeyLine(path)
+        held = Held(request, kind, time.time())
+        if not line.held and line.queue is not None and line.watched:
+            line.forget_ended(_running)
+            if may_enter(kind, line.queue, [k for _, k in line.sent]):
+                return self._dispatch(line, held)
+        self._hold(line, held, timeout)
+        if not line.reading and (line.queue is None or not line.watched):
+            self._read(line)
+        return None
+
+    def _gated(self, request: Any) -> tuple[str, LockKind, float] | None:
+        """The lock path, lock kind and longest hold of a request the gate holds when busy;
+        None for any other (not locked, not ``wait``, no ZooKeeper, arguments the key cannot
+        take: the pool run decides, and fails with the reason)."""
+        client = self.client
+        task = request.task
+        if client is None or not client.connected or not isinstance(task, ZkLockTask):
+            return None
+        try:
+            spec = task._zklock_compile(task.name)
+            overrides = request.request_dict.get(CALL_OPTION)
+            options = spec.for_call(overrides if isinstance(overrides, Mapping) else None)
+            if options.on_busy != "wait":
+                return None
+            path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
+        except Exception:
+            return None
+        timeout = self.config.max_hold
+        if options.timeout is not None:
+            timeout = min(timeout, options.timeout)
+        return path, options.lock_kind, timeout
+
+    def _hold(self, line: KeyLine, held: Held, timeout: float) -> None:
+        if self.held < self.config.max_held:
+            self.consumer.qos.increment_eventually()
+            held.raised_prefetch = True
+        line.held.append(held)
+        held.expiry = self.consumer.timer.call_after(timeout, self._expire, (line.path, held))
+        count_held(held.request.name, 1)
+        if line.holder is not None:
+            self._tell_held(line, held)
+
+    def _expire(self, path: str, held: Held) -> None:
+        line = self.lines.get(path)
+        if line is not None and held in line.held:
+            line.held.remove(held)
+            self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
+
+    def _dispatch(self, line: KeyLine, held: Held) -> Any:
+        if held.expiry is not None:
+            held.expiry.cancel()
+        if held.raised_prefetch:
+            self.consumer.qos.decrement_eventually()
+        request = held.request
+        request.request_dict[RECEIVED_OPTION] = held.received
+        line.sent.append((request, held.kind))
+        if held.expiry is not None:  # it was held
+            count_held(request.name, -1)
+        if held.told:  # its LOCK_WAITING was stored: it waits no more
+            visibility.unheld(request)
+        return self._send(request)
+
+    def _send(self, request: Any) -> Any:
+        assert self._handle is not None
+        return self._handle(request)
+
+    def _advance(self, line: KeyLine) -> None:
+        line.forget_ended(_running)
+        while (held := line.next_ready()) is not None:
+            self._dispatch(line, held)
+        if line.idle:
+            self.lines.pop(line.path, None)
+        elif line.held and line.queue is not None:
+            self._name_holder(line)
+
+    def _tell_held(self, line: KeyLine, held: Held) -> None:
+        """``LOCK_WAITING`` (result backend, event) for ``held``, naming the line's holder."""
+        held.told = True
+        visibility.held(held.request, line.path, line.holder or None)
+
+    def _name_holder(self, line: KeyLine) -> None:
+        """Read who the head of the line waits for (the node's identity), once per holder,
+        then tell every held message of the line that it waits, naming it."""
+        assert line.queue is not None
+        blocker = first_blocker(line.queue, line.held[0].kind)
+        client = self.client
+        if blocker is None or blocker.name == line.blocker or client is None:
+            return
+        line.blocker, path = blocker.name, line.path
+        try:
+            answer = client.get_async(f"{path}/{blocker.name}")
+        except Exception:
+            return
+        answer.rawlink(lambda result: self._soon(self._named, path, blocker.name, result))
+
+    def _named(self, path: str, node: str, result: Any) -> None:
+        line = self.lines.get(path)
+        if line is None or line.blocker != node:
+            return
+        try:
+            data, _ = result.get_nowait()
+        except Exception:
+            data = None  # gone already, or ZooKeeper failed: the holder stays unnamed
+        line.holder = parse_identity(data).task_id or ""
+        for held in line.held:
+            if not held.told:
+                self._tell_held(line, held)
+
+    def _hand_over(self, line: KeyLine) -> None:
+        """ZooKeeper cannot answer for this key: every held message goes to the pool, where
+        the run's ``unavailable`` policy applies."""
+        while line.held:
+            self._dispatch(line, line.held.popleft())
+        line.queue, line.watched, line.reading, line.read_again = None, False, False, False
+        if line.idle:
+            self.lines.pop(line.path, None)
+
+    # -- ZooKeeper ------------------------------------------------------------------------
+    def _read(self, line: KeyLine) -> None:
+        client = self.client
+        if client is None or not client.connected:
+            return None  # read when connected again, or handed over when the outage lasts
+        line.reading = True
+        path = line.path
+        try:
+            answer = client.get_children_async(path, watch=self._on_watch)
+        except Exception:
+            return self._hand_over(line)
+        answer.rawlink(lambda result: self._soon(self._listed, path, result))
+        return None
+
+    def _listed(self, path: str, result: Any) -> None:
+        line = self.lines.get(path)
+        if line is None or not line.reading:
+            return
+        line.reading = False
+        try:
+            children, watched = result.get_nowait(), True
+        except NoNodeError:
+            children, watched = [], False  # no watch on a node not there: _recheck reads again
+        except Exception:
+            logger.warning("celery-zklock gate: could not read %s; its held messages go to "
+                           "the pool", path, exc_info=True)  # fmt: skip
+            return self._hand_over(line)
+        if line.read_again:  # it changed while we read
+            line.read_again = False
+            return self._read(line)
+        line.queue, line.watched = queue_of(children), watched
+        return self._advance(line)
+
+    def _on_watch(self, event: WatchedEvent) -> None:  # a kazoo thread
+        self._soon(self._changed, event.path)
+
+    def _changed(self, path: str) -> None:
+        line = self.lines.get(path)
+        if line is None:
+            return
+        line.queue, line.watched = None, False
+        if line.reading:
+            line.read_again = True
+        elif line.held:
+            self._read(line)
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the consumer's thread (called from kazoo's threads)."""
+        if self._threadsafe_hub:
+            self.consumer.call_soon(fn, *args)
+        else:
+            self._inbox.append((fn, args))
+
+    def _recheck(self) -> None:
+        """Answers queued in the inbox are handled; runs sent to the pool that ended let the
+        next go; keys whose node did not exist at the last read (so no watch) are read
+        again."""
+        while self._inbox:
+            fn, args = self._inbox.popleft()
+            fn(*args)
+        for line in list(self.lines.values()):
+            if not line.held:
+                line.forget_ended(_running)
+                if line.idle:
+                    self.lines.pop(line.path, None)
+                continue
+            if not line.watched and not line.reading:
+                self._read(line)
+            elif line.sent and line.queue is not None:
+                ended = len(line.sent)
+                line.forget_ended(_running)
+                if len(line.sent) != ended:
+                    self._advance(line)
+
+    def _on_state(self, state: str) -> None:  # a kazoo thread
+        self._soon(self._state_changed, state)
+
+    def _state_changed(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            if self._outage is not None:
+                self._outage.cancel()
+                self._outage = None
+            for line in list(self.lines.values()):
+                self._changed(line.path)  # watches may have fired unseen: look again
+            return
+        for line in self.lines.values():  # the session's watches may be gone: read again later
+            line.queue, line.watched, line.read_again = None, False, line.reading
+        if self._outage is None:
+            self._outage = self.consumer.timer.call_after(self.grace, self._outage_over, ())
+
+    def _outage_over(self) -> None:
+        """No answer from ZooKeeper for a session timeout: every held message goes to the pool."""
+        self._outage = None
+        client = self.client
+        if client is not None and client.connected:
+            return
+        for line in list(self.lines.values()):
+            self._hand_over(line)
+
+
+def _running(request: Any) -> bool:
+    """Whether a request sent to the pool has not ended (Celery forgets it when it ends)."""
+    return request in worker_state.reserved_requests

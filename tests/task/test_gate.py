@@ -1,0 +1,176 @@
+"""The worker's gate on real `celery worker` processes, ZooKeeper and Redis: a busy ``wait``
+task's messages wait in the worker's main process, not in its pool."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.witness import check_witness
+from tests.conftest import Broker
+from tests.lockutil import wait_for
+from tests.task.test_commands import invoke
+from tests.taskapp import read_records
+from tests.workerproc import held_session, workers
+
+
+def held_at_gate(app: Celery) -> dict[str, Any]:
+    """``{lock path: {"held": n, "oldest": s}}`` over every worker's gate (the inspect command
+    ``celery zklock locks`` uses)."""
+    replies = app.control.broadcast("zklock_held", reply=True, timeout=1.0) or []
+    merged: dict[str, Any] = {}
+    for reply in replies:
+        for counts in reply.values():
+            merged.update(counts)
+    return merged
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def test_hot_key_leaves_the_pool_to_other_tasks(
+    taskenv: tuple[Celery, dict[str, str], Path], broker: Broker
+) -> None:
+    """One prefork worker, concurrency 2, prefetch multiplier 1, acks_late: 8 ``wait`` calls on
+    one key (1 s each), then 20 unrelated tasks. Without the gate both pool slots wait for the
+    key and the unrelated tasks' p95 is about 7 s; with it they wait in the main process. On
+    Redis and on RabbitMQ."""
+    _, _, tmp = taskenv
+    env, sender = broker.env, broker.sender
+
+    with workers(sender, "prefork", 1, env, tmp, queues=broker.queues[:1]) as (worker,):
+        queue = worker.queue
+        locked = [broker.send("gated_section", ("hot", 1.0), queue) for _ in range(8)]
+        wait_for(lambda: sum(c["held"] for c in held_at_gate(sender).values()) >= 5, 30,
+                 "the gate to hold the hot key's messages")  # fmt: skip
+        if broker.name == "redis":  # the command reads the app's own broker
+            operators_see = invoke("locks", "--json", "--task", "gated")
+        sent = [(time.time(), broker.send("unlocked_noop", (), queue)) for _ in range(20)]
+        latencies = [result.get(timeout=60) - at for at, result in sent]
+        for result in locked:
+            result.get(timeout=60)
+    assert percentile(latencies, 0.95) <= 2.0, sorted(latencies)
+    if broker.name == "redis":
+        assert operators_see.exit_code == 0, operators_see.output
+        (held,) = json.loads(operators_see.output)["held"]
+        assert held["path"].startswith("/taskapp/gated/key=hot") and held["count"] >= 4
+        assert held["oldest"] > 0 and len(held["workers"]) == 1
+    report = check_witness(tmp / "witness-hot")
+    assert report.sections == 8 and report.overlaps == [] and report.unfinished == []
+    done = Counter(r["task_id"] for r in read_records(tmp / "gated-done-hot"))
+    assert sorted(done) == sorted(r.id for r in locked) and set(done.values()) == {1}
+
+
+def test_worker_killed_while_it_holds_messages_loses_none(
+    taskenv: tuple[Celery, dict[str, str], Path], broker: Broker
+) -> None:
+    """SIGKILL to a worker's main process and pool while its gate holds messages: the broker
+    hands them out again (RabbitMQ when the connection drops, Redis after its visibility
+    timeout), and every call completes its body exactly once on the next worker."""
+    _, _, tmp = taskenv
+    # Redis hands unacknowledged messages out again after 8 s: the new worker gets them soon,
+    # and the gate holds none past 80 % of it (the bound that keeps a held message from being
+    # handed to a second worker while the first still holds it).
+    env = {**broker.env, "TASKAPP_VISIBILITY_TIMEOUT": "8"}
+    sender, queue = broker.sender, broker.queues[0]
+
+    # The first body holds 5 s: long enough to see the others held, however slowly the worker
+    # fetches them one prefetch raise at a time (with 1 s a fresh-clone run on RabbitMQ, under
+    # load, never saw 3 held at once).
+    calls = [
+        broker.send("gated_section", ("kill", 5.0 if i == 0 else 1.0), queue) for i in range(5)
+    ]
+    with workers(sender, "prefork", 1, env, tmp, queues=[queue]) as (worker,):
+        wait_for(lambda: (tmp / "witness-kill").exists(), 30, "the first body to start")
+        wait_for(lambda: sum(c["held"] for c in held_at_gate(sender).values()) >= 3, 30,
+                 "the gate to hold the others")  # fmt: skip
+        worker.kill()
+    with workers(sender, "prefork", 1, env, tmp, prefix="after", queues=[queue]):
+        for result in calls:
+            result.get(timeout=120)
+    done = Counter(r["task_id"] for r in read_records(tmp / "gated-done-kill"))
+    assert sorted(done) == sorted(r.id for r in calls) and set(done.values()) == {1}, done
+    # The killed body never closed its section: later ones "overlap" it, and only it.
+    report = check_witness(tmp / "witness-kill")
+    assert len(report.unfinished) <= 1
+    assert all(set(o.inside) <= set(report.unfinished) for o in report.overlaps), report
+
+
+def test_a_held_message_is_lock_waiting_and_its_timeout_counts_from_receipt(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """A message held at the gate is LOCK_WAITING in the result backend; its lock_timeout
+    counts from when the worker received it: 1.5 s at the gate are not followed by another
+    1.5 s in the pool (the holder, 4 s, would have let it in by then)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        holder = gated_section.apply_async(("t", 4.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "witness-t").exists(), 30, "the holder's body")
+        policy = {"timeout": 1.5, "on_timeout": "skip"}
+        waiter = gated_section.apply_async(("t", 0.1), queue=worker.queue, zklock=policy)
+        wait_for(lambda: waiter.state == "LOCK_WAITING", 30, "the waiter to be held")
+        assert waiter.info["lock"].startswith("/taskapp/gated/key=t")
+        assert waiter.info["holder"] == holder.id
+        skipped = waiter.get(timeout=30)
+        assert holder.get(timeout=30)["token"] > 0
+    assert skipped["__zklock_skipped__"] and skipped["reason"] == "timeout", skipped
+
+
+def test_readers_pass_together_and_a_semaphore_admits_its_limit(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """Two workers gate one key: readers are not held behind readers, and no more than a
+    semaphore's limit run at once, every call running once."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_reader, gated_section, limited_section
+
+    with workers(app, "prefork", 2, env, tmp) as fleet:
+        queues = [w.queue for w in fleet]
+        writer = gated_section.apply_async(("rw", 1.0), queue=queues[0])
+        wait_for(lambda: (tmp / "witness-rw").exists(), 30, "the writer's body")
+        readers = [gated_reader.apply_async(("rw", 0.8), queue=queues[i % 2]) for i in range(4)]
+        limited = [limited_section.apply_async(("sem", 0.5), queue=queues[i % 2]) for i in range(8)]
+        for result in [writer, *readers, *limited]:
+            result.get(timeout=60)
+    rw = check_witness(tmp / "witness-rw")
+    assert rw.sections == 5 and rw.overlaps == [] and rw.max_readers >= 2, rw
+    sem = check_witness(tmp / "witness-limited-sem")
+    assert sem.sections == 8 and sem.unfinished == [] and sem.max_readers == 2, sem
+
+
+def test_zookeeper_gone_hands_held_messages_to_the_pool(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """ZooKeeper stops while the gate holds a message: after a session timeout without an
+    answer the message goes to the pool, whose run ends it ZooKeeperUnavailable (retried, then
+    failed), never held for its whole lock_timeout and never dropped."""
+    app, env, tmp = taskenv
+    from tests.taskapp import long_hold
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_CONNECT_TIMEOUT": "1"}
+    with workers(app, "prefork", 1, env, tmp, prefix="gone") as (worker,):
+        holder = long_hold.apply_async(("zg", 60.0), queue=worker.queue)
+        held_session(tmp, holder.id)
+        policy = {"timeout": 100.0, "retry_countdown": 0.2}
+        waiter = long_hold.apply_async(("zg", 0.1), queue=worker.queue, zklock=policy)
+        wait_for(lambda: waiter.state == "LOCK_WAITING", 30, "the waiter to be held")
+        server.stop()
+        stopped = time.monotonic()
+        with pytest.raises(Exception) as failure:
+            waiter.get(timeout=90)
+        took = time.monotonic() - stopped
+    assert type(failure.value).__name__ == "ZooKeeperUnavailable", failure.value
+    assert took < 60, took  # not the 100 s lock_timeout

@@ -1,0 +1,67 @@
+"""The gate's two bounds on a real prefork worker: ``zklock_gate_max_held`` (past it a held
+message no longer raises the worker's prefetch, so the worker stops fetching) and
+``zklock_gate_max_hold`` (a message is held at most that long, then goes to the pool, whatever
+its ``lock_timeout``: it keeps a held message from being handed out again by the broker)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from celery import Celery
+
+from celery_zklock.testing.witness import check_witness
+from tests.lockutil import wait_for
+from tests.task.test_gate import held_at_gate
+from tests.workerproc import workers
+
+
+def _held(app: Celery) -> int:
+    return sum(counts["held"] for counts in held_at_gate(app).values())
+
+
+def test_past_max_held_the_worker_stops_fetching(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """``zklock_gate_max_held=2``, concurrency 2, prefetch multiplier 1: behind a holder, six
+    waiters. The gate holds two with the prefetch raised and one more in the prefetch's last
+    place, then the worker fetches nothing: never more than 3 held (6 without the bound)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE_MAX_HELD": "2"}, tmp) as (worker,):
+        holder = gated_section.apply_async(("bound", 6.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "witness-bound").exists(), 30, "the holder to start")
+        waiters = [gated_section.apply_async(("bound", 0.1), queue=worker.queue) for _ in range(6)]
+        wait_for(lambda: _held(app) >= 3, 30, "the gate to hold waiters")
+        seen = [_held(app) for _ in range(3)]  # about a second each, the holder still holds
+        assert not holder.ready(), "the holder ended before the gate was looked at"
+        for call in [holder, *waiters]:
+            call.get(timeout=60)
+    assert max(seen) == 3, seen
+    report = check_witness(tmp / "witness-bound")
+    assert report.sections == 7 and report.overlaps == [], report
+
+
+def test_a_message_is_held_no_longer_than_max_hold(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """``zklock_gate_max_hold=1.5`` and a waiter whose ``lock_timeout`` is 120 s: the gate hands
+    it to the pool after 1.5 s although the key is still busy; it waits there, then runs."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE_MAX_HOLD": "1.5"}, tmp) as (worker,):
+        holder = gated_section.apply_async(("cap", 8.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "witness-cap").exists(), 30, "the holder to start")
+        waiter = gated_section.apply_async(("cap", 0.1), queue=worker.queue)
+        wait_for(lambda: _held(app) == 1, 30, "the gate to hold the waiter")
+        held_from = time.monotonic()
+        wait_for(lambda: _held(app) == 0, 30, "the gate to let the waiter go")
+        held_for = time.monotonic() - held_from
+        assert not holder.ready(), "the holder ended first: the key was no longer busy"
+        holder.get(timeout=60)
+        waiter.get(timeout=60)
+    assert held_for < 5.0, held_for
+    report = check_witness(tmp / "witness-cap")
+    assert report.sections == 2 and report.overlaps == [], report

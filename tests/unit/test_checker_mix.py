@@ -1,0 +1,286 @@
+"""The checker on the issue-36 mix, from hand-built histories: sections a newer ``preempt`` call
+ended (a hand-over only when their exit, or their process's death, came before the newer
+section entered: a preempt excuses no overlap), and sections over two keys (recorded once per
+key, each with that key's token)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from celery_zklock import LockLost
+from celery_zklock.errors import LossCode
+from celery_zklock.run import PREEMPTED
+from workers.checker import PREEMPTED_FAILURE, RunReport, TaskOutcome, check_run
+from workers.loadtest import HOT_KEY, LoadConfig, WorkItem, _Progress, _send_all, plan_workload
+from workers.record import Mode, SectionEvent
+from workers.tasks import PAIR_TASK, PREEMPTED_OUTCOME, TASK_FOR_MODE, loss_outcome
+
+HOST = "w1@test"
+PREEMPT_REASON = (
+    "LockLost: lock /zklock/workers.section/key=k~0 broken by operator task "
+    f"workers.exclusive_section[new]: {PREEMPTED}"
+)
+
+
+def ev(
+    kind: str, task: str, token: int, key: str = "k", mode: Mode = "exclusive", **extra: Any
+) -> SectionEvent:
+    extra.setdefault("hostname", HOST)
+    extra.setdefault("pid", 100 + token)
+    return SectionEvent(kind=kind, task_id=task, key=key, mode=mode, token=token, **extra)  # type: ignore[arg-type]
+
+
+def enter(task: str, token: int, key: str = "k", **extra: Any) -> SectionEvent:
+    return ev("enter", task, token, key, **extra)
+
+
+def leave(task: str, token: int, key: str = "k", outcome: str = "ok", **extra: Any) -> SectionEvent:
+    return ev("exit", task, token, key, outcome=outcome, **extra)
+
+
+def write(task: str, token: int, key: str = "k", **extra: Any) -> SectionEvent:
+    return ev("write", task, token, key, accepted=True, **extra)
+
+
+def process_event(kind: str, pid: int, *, late: bool = False) -> SectionEvent:
+    return SectionEvent(kind, "", "", "exclusive", 0, hostname=HOST, pid=pid, late=late)  # type: ignore[arg-type]
+
+
+def check(events: Sequence[SectionEvent], outcomes: dict[str, TaskOutcome]) -> RunReport:
+    tasks = {e.task_id for e in events if e.task_id} | set(outcomes)
+    return check_run(
+        submitted={t: 0.0 for t in sorted(tasks)},
+        outcomes={t: outcomes.get(t, TaskOutcome(t, "SUCCESS")) for t in tasks},
+        events=events,
+        faults=[],
+        leftover_nodes=0,
+    )
+
+
+def preempted(task: str) -> TaskOutcome:
+    return TaskOutcome(task, "FAILURE", reason=PREEMPT_REASON)
+
+
+# ------------------------------------------------------------------------------- preempt
+
+
+def test_a_preempted_holder_that_exits_before_the_newer_call_enters_is_a_hand_over() -> None:
+    report = check(
+        [
+            enter("old", 1),
+            leave("old", 1, outcome=PREEMPTED_OUTCOME),
+            enter("new", 2),
+            write("new", 2),
+            leave("new", 2),
+        ],
+        {"old": preempted("old")},
+    )
+    assert report.ok, report.summary_lines()
+    assert (report.violations, report.revoked_overlaps, report.lost) == (0, 0, 0)
+    assert (report.preempted, report.revocations, report.failed, report.ran) == (1, 0, 1, 1)
+    assert report.failure_reasons == {PREEMPTED_FAILURE: 1}
+    assert any("1 preempted by a newer call" in line for line in report.summary_lines())
+    assert report.to_json()["preempted"] == 1
+
+
+def test_a_preempted_holder_still_inside_when_the_newer_call_enters_is_a_violation() -> None:
+    report = check(
+        [
+            enter("old", 1),
+            enter("new", 2),
+            leave("old", 1, outcome=PREEMPTED_OUTCOME),
+            leave("new", 2),
+        ],
+        {"old": preempted("old")},
+    )
+    assert (report.violations, report.revoked_overlaps) == (1, 0)
+    assert not report.ok
+    assert report.overlaps[0].inside == ("old#1",) and report.overlaps[0].entering == "new#2"
+
+
+def test_a_preempted_holders_death_recorded_before_the_newer_enter_closes_its_section() -> None:
+    report = check(
+        [enter("old", 1), process_event("killed", 101), enter("new", 2), leave("new", 2)],
+        {"old": preempted("old")},
+    )
+    assert report.violations == 0 and report.killed_sections == 1
+
+
+def test_a_kill_recorded_after_the_newer_enter_does_not_let_a_preempt_excuse_the_overlap() -> None:
+    # An injected kill is recorded once it landed: recorded after the newer enter, the holder
+    # was alive then, whatever the task says about a preempt.
+    report = check(
+        [enter("old", 1), enter("new", 2), process_event("killed", 101), leave("new", 2)],
+        {"old": preempted("old")},
+    )
+    assert report.violations == 1
+
+
+def test_a_preempted_section_overlapped_after_a_fault_took_its_session_is_revoked() -> None:
+    # The expiry is the excuse; the preempted outcome only shows the holder learned of the loss.
+    report = check(
+        [
+            enter("old", 1),
+            process_event("expired", 101),
+            enter("new", 2),
+            leave("old", 1, outcome=PREEMPTED_OUTCOME),
+            leave("new", 2),
+        ],
+        {"old": preempted("old")},
+    )
+    assert (report.violations, report.revoked_overlaps, report.preempted) == (0, 1, 1)
+
+
+def test_loss_outcome_tells_a_preempt_from_other_losses() -> None:
+    by = "broken by operator task workers.exclusive_section[x]"
+    assert loss_outcome(LockLost(f"{by}: {PREEMPTED}", code=LossCode.BROKEN)) == "preempted"
+    assert loss_outcome(LockLost(f"{by}: maintenance", code=LossCode.BROKEN)) == "lost"
+    assert loss_outcome(LockLost("session expired", code=LossCode.SESSION_EXPIRED)) == "lost"
+    assert loss_outcome(LockLost(PREEMPTED)) == "lost"  # no code: not a break request
+    # The interruption raises LockLost without a code (or a message, in a threads pool): the
+    # lease says why it was lost.
+    lease = SimpleNamespace(lost_code=LossCode.BROKEN, lost_reason=f"{by}: {PREEMPTED}")
+    assert loss_outcome(LockLost(), lease) == "preempted"
+    expired = SimpleNamespace(lost_code=LossCode.SESSION_EXPIRED, lost_reason="expired")
+    assert loss_outcome(LockLost(), expired) == "lost"
+
+
+# ------------------------------------------------------------------------------ two keys
+
+
+def pair(
+    task: str, tokens: tuple[int, int], keys: tuple[str, str] = ("a", "b")
+) -> list[SectionEvent]:
+    """A whole pair section: each event once per key, each key with its own token."""
+    pid = {"pid": 500}
+    return [
+        *(enter(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
+        *(write(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
+        *(leave(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
+    ]
+
+
+def test_a_pair_section_between_single_key_sections_of_its_keys_is_ok() -> None:
+    report = check(
+        [
+            enter("s1", 1, "a"),
+            leave("s1", 1, "a"),
+            *pair("p", (2, 3)),
+            enter("s2", 4, "b"),
+            leave("s2", 4, "b"),
+        ],
+        {},
+    )
+    assert report.ok, report.summary_lines()
+    assert (report.retried, report.attempts["p"], report.writes_accepted) == (0, 1, 2)
+    assert len(report.hold_seconds) == 4  # one per key's section
+
+
+def test_a_single_key_section_entering_one_of_a_pairs_keys_is_a_violation() -> None:
+    report = check(
+        [
+            enter("p", 2, "a", pid=500),
+            enter("p", 3, "b", pid=500),
+            enter("s", 4, "b"),
+            leave("s", 4, "b"),
+            leave("p", 2, "a", pid=500),
+            leave("p", 3, "b", pid=500),
+        ],
+        {},
+    )
+    assert report.violations == 1
+    assert (report.overlaps[0].key, report.overlaps[0].inside) == ("b", ("p#3",))
+
+
+def test_a_pair_entering_while_a_shared_section_holds_one_key_is_a_violation() -> None:
+    report = check(
+        [
+            ev("enter", "r", 1, "a", mode="shared"),
+            *pair("p", (2, 3)),
+            ev("exit", "r", 1, "a", mode="shared", outcome="ok"),
+        ],
+        {},
+    )
+    assert report.violations == 1 and report.overlaps[0].key == "a"
+
+
+def test_a_pair_run_twice_counts_as_retried_once() -> None:
+    report = check([*pair("p", (2, 3)), *pair("p", (4, 5))], {})
+    assert report.ok and report.retried == 1 and report.attempts == {"p": 2}
+
+
+def test_a_pairs_sections_overlapped_after_its_session_expired_are_revoked_on_each_key() -> None:
+    lost = TaskOutcome("p", "FAILURE", reason="LockLost: session expired")
+    report = check(
+        [
+            enter("p", 2, "a", pid=500),
+            enter("p", 3, "b", pid=500),
+            process_event("expired", 500),
+            enter("s", 4, "a"),
+            enter("t", 5, "b"),
+            leave("s", 4, "a"),
+            leave("t", 5, "b"),
+        ],
+        {"p": lost},
+    )
+    # Both keys' sections of the pair are the task's last (per key): the task's LockLost
+    # answers for each, though neither recorded its exit.
+    assert (report.violations, report.revoked_overlaps) == (0, 2)
+
+
+# ------------------------------------------------------------------------------ the mix
+
+
+def test_the_mix_ratios_at_zero_leave_the_plan_as_it_was() -> None:
+    base = LoadConfig(tasks=200, keys=6, rate_ratio=0.2, scenario="hot-key", hot_share=0.3)
+    assert plan_workload(base) == plan_workload(
+        LoadConfig(**{**base.__dict__, "preempt_ratio": 0.0, "pair_ratio": 0.0})
+    )
+
+
+def test_the_mix_has_pair_sections_off_the_hot_key_and_preempt_sections_on_all_keys() -> None:
+    config = LoadConfig(
+        tasks=400, keys=6, rate_ratio=0.2, scenario="hot-key", hot_share=0.3,
+        preempt_ratio=0.15, pair_ratio=0.15,
+    )  # fmt: skip
+    plan = [item for item in plan_workload(config) if not item.unrelated]
+    pairs = [item for item in plan if item.key_b is not None]
+    preempts = [item for item in plan if item.on_busy == "preempt"]
+    assert 30 < len(pairs) < 90 and 20 < len(preempts) < 80
+    assert all(p.key != p.key_b and p.mode == "exclusive" and p.rate is None for p in pairs)
+    assert {p.key_b for p in pairs} <= {f"key-{i}" for i in range(6)}
+    assert all(p.rate is None and p.key_b is None for p in preempts)
+    hot = [item for item in plan if item.key == HOT_KEY]
+    assert hot and all(h.on_busy in ("wait", "preempt") and h.key_b is None for h in hot)
+    assert any(h.on_busy == "preempt" for h in hot) and any(p.key != HOT_KEY for p in preempts)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, dict[str, Any]]] = []
+
+    def apply_async(self, args: Any, *, task_id: str, **options: Any) -> None:
+        self.sent.append((args, options))
+
+
+def test_a_pair_item_is_sent_to_the_pair_task_with_both_keys() -> None:
+    single, pair_task = Recorder(), Recorder()
+    tasks: dict[str, Any] = {name: single for name in TASK_FOR_MODE.values()}
+    app: Any = SimpleNamespace(tasks={**tasks, PAIR_TASK: pair_task})
+    plan = [
+        WorkItem("exclusive", "wait", "key-1", 10, key_b="key-3"),
+        WorkItem("exclusive", "preempt", "key-2", 10),
+    ]
+    progress = _Progress(len(plan))
+    _send_all(app, "run", plan, LoadConfig(tasks=2, duration=0.0), progress,
+              lambda: False, 1, threading.Event())  # fmt: skip
+    assert progress.send_error is None
+    assert pair_task.sent == [
+        (("run", "key-1", "key-3", 10), {"zklock": {"on_busy": "wait", "timeout": 20.0}})
+    ]
+    assert single.sent == [
+        (("run", "key-2", 10), {"zklock": {"on_busy": "preempt", "timeout": 20.0}})
+    ]

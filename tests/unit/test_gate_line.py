@@ -1,0 +1,53 @@
+"""The gate's dispatch rule (celery_zklock.gate.line), pure: when a held message may go to the
+pool, for each lock kind, given the lock's queue and what this worker already sent."""
+
+from __future__ import annotations
+
+from celery_zklock.gate.line import Held, KeyLine, may_enter
+from celery_zklock.locks.contenders import READ, WRITE, lease_kind, queue_of
+
+WRITER = "_c_a-__WRIT__0000000001"
+READER = "_c_b-__READ__0000000002"
+LEASE = "_c_c-lock-0000000003"
+
+
+def test_writer_needs_a_free_lock_and_nothing_sent() -> None:
+    assert may_enter(WRITE, [], [])
+    assert not may_enter(WRITE, queue_of([READER]), [])
+    assert not may_enter(WRITE, [], [WRITE])  # one sent writer per worker and grant
+    assert not may_enter(WRITE, [], [READ])
+
+
+def test_reader_is_not_held_behind_readers() -> None:
+    assert may_enter(READ, queue_of([READER]), [READ, READ])
+    assert not may_enter(READ, queue_of([WRITER]), [])
+    assert not may_enter(READ, queue_of([READER]), [WRITE])
+
+
+def test_semaphore_admits_up_to_its_limit() -> None:
+    two = lease_kind(2)
+    assert may_enter(two, queue_of([LEASE]), [two])
+    assert not may_enter(two, queue_of([LEASE, "_c_d-lock-0000000004"]), [])
+    assert not may_enter(two, [], [two, two])
+
+
+def test_line_releases_in_arrival_order_and_one_writer_per_grant() -> None:
+    line = KeyLine("/zklock/t/k")
+    first, second = Held("r1", WRITE, 1.0), Held("r2", WRITE, 2.0)
+    line.held.extend([first, second])
+    assert line.next_ready() is None  # queue not read yet
+    line.queue = []
+    assert line.next_ready() is first
+    line.sent.append(("r1", WRITE))
+    assert line.next_ready() is None  # r1 has not ended
+    line.forget_ended(lambda request: request != "r1")
+    assert line.next_ready() is second
+    assert line.idle  # nothing held, nothing sent: the gate forgets the key
+
+
+def test_readers_behind_a_held_writer_keep_their_turn() -> None:
+    line = KeyLine("/zklock/t/k", queue=queue_of([READER]))
+    writer, reader = Held("w", WRITE, 1.0), Held("r", READ, 2.0)
+    line.held.extend([writer, reader])
+    assert line.next_ready() is None  # the writer is first in line, and blocked by the reader
+    assert list(line.held) == [writer, reader]
