@@ -306,9 +306,11 @@ def test_curator_mutexes_and_our_mutexes_exclude_each_other(
     assert report.max_readers == 0
     langs = [_language(holder) for holder, _ in _enters(witness)]
     assert langs.count("java") == langs.count("python") == 2 * iterations
-    # Both queues are FIFO, so while all four wait the grants rotate through them: the two
-    # languages alternate often, not in one block each.
-    assert _language_switches(witness) >= iterations, langs
+    # One FIFO queue: the languages interleave, not one block each (one switch). How often they
+    # alternate depends on how fast each side re-enqueues after its section, which load skews:
+    # CI once saw 13 switches; here 27 to 53 quiet, 23 to 25 beside four busy loops. So the bar
+    # is "several", not "every grant".
+    assert _language_switches(witness) >= 4, langs
     assert _python_tokens_rise(witness)
 
 
