@@ -8,7 +8,8 @@ drain rate. Per batch: tasks/s, the worker's CPU per task (its process tree, /pr
 task's span in the worker from ``task_prerun`` to ``task_postrun`` (:mod:`benchmarks.celery_app`).
 Method: ``docs/benchmarks.md``, section 4.
 
-``--contenders`` (:mod:`benchmarks.variants`) adds ``zklock-skip/<variant>`` for each variant
+``--contenders`` (:mod:`benchmarks.variants`) adds ``zklock-skip/<variant>`` (``zklock-wait/...``
+for a variant of the wait path) for each variant
 named: the same task on a worker of its own started the same way with the variant applied
 (``celery -A benchmarks.variants:app``), its batches interleaved with the others'. Only one
 worker consumes at a time; the others sit idle on the idle queue.
@@ -361,10 +362,19 @@ def run_section(
 ) -> dict[str, Any]:
     """Section 4: one pinned worker, every contender, ``repeats`` batches each, rotated; one
     more worker per name in ``variant_names`` (:mod:`benchmarks.variants`) for its contender."""
-    extra = {f"zklock-skip/{name}": name for name in variants.check(list(variant_names))}
+    policies = {
+        name: "wait" if name in variants.ON_WAIT_TASK else "skip"
+        for name in variants.check(list(variant_names))
+    }
+    extra = {f"zklock-{policy}/{name}": name for name, policy in policies.items()}
     contenders = CONTENDERS + tuple(
-        Contender(label, ZKLOCK_SKIP, "celery-zklock", f'ZkLockTask, lock_on_busy="skip", {what}')
-        for label, what in ((label, variants.VARIANTS[name]) for label, name in extra.items())
+        Contender(
+            f"zklock-{policy}/{name}",
+            ZKLOCK_WAIT if policy == "wait" else ZKLOCK_SKIP,
+            "celery-zklock",
+            f'ZkLockTask, lock_on_busy="{policy}", {variants.VARIANTS[name]}',
+        )
+        for name, policy in policies.items()
     )
     settings = section_settings(
         zk_server, redis_url, "/bench-celery", pool=POOL, concurrency=CONCURRENCY
