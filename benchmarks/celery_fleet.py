@@ -8,9 +8,9 @@ drain rate. Per batch: tasks/s, the worker's CPU per task (its process tree, /pr
 task's span in the worker from ``task_prerun`` to ``task_postrun`` (:mod:`benchmarks.celery_app`).
 Method: ``docs/benchmarks.md``, section 4.
 
-``--contenders`` (:mod:`benchmarks.variants`) adds ``zklock-skip/<variant>`` (``zklock-wait/...``
-for a variant of the wait path) for each variant
-named: the same task on a worker of its own started the same way with the variant applied
+``--contenders`` (:mod:`benchmarks.variants`) adds ``zklock-skip/<variant>`` for each variant
+named (``zklock-wait/<variant>`` for one of the wait path): the same task on a worker of its own
+started the same way with the variant applied
 (``celery -A benchmarks.variants:app``), its batches interleaved with the others'. Only one
 worker consumes at a time; the others sit idle on the idle queue.
 """
