@@ -632,11 +632,72 @@ def _install_cleanup_hooks() -> None:
 
 class OneProcessService(Service):
     """A :class:`Service` that is one child process serving on one port (Redis, a RabbitMQ
-    node): :meth:`start` sets ``_child`` and ``_port``; :meth:`stop` destroys the child and keeps
-    the tail of its log in ``last_log_tail``."""
+    node): :meth:`_start` sets ``_child`` and ``_port``; :meth:`stop` destroys the child and
+    keeps the tail of its log in ``last_log_tail``.
+
+    A subclass says how to find its executable, make its child on a port and directory
+    (``_child_for``) and tell that it serves (``_wait_ready``); its ``start`` and ``restart``
+    call :meth:`_start` and :meth:`_restart` with its own default timeouts.
+    """
 
     _port: int | None = None
     last_log_tail: str = ""
+    _start_attempts: int = 1
+    _server: str = "the server"
+    """Its name in start and restart errors (``"Redis"``)."""
+
+    def _find_executable(self) -> str:
+        raise NotImplementedError
+
+    def _pick_port(self) -> int:
+        return free_port()
+
+    def _child_for(self, executable: str, port: int, directory: Path) -> ChildProcess:
+        raise NotImplementedError
+
+    def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> None:
+        raise NotImplementedError
+
+    def _start(self, timeout: float) -> None:
+        """Start the child on a port of :meth:`_pick_port` and a new directory, and wait until
+        it serves; up to ``_start_attempts`` tries while its port turns out taken."""
+        self._refuse_restart()
+        executable = self._find_executable()
+        prefix = f"zklock-{self._server.lower()}-"
+
+        def attempt(deadline: float) -> tuple[ChildProcess, int]:
+            port = self._pick_port()
+            child = self._child_for(executable, port, make_temp_dir(prefix))
+            try:
+                child.spawn()
+                self._wait_ready(child, port, deadline)
+            except BaseException:
+                self._discard(child)
+                raise
+            return child, port
+
+        self._child, self._port = start_with_retries(
+            self._server, self._start_attempts, timeout, attempt
+        )
+
+    def _restart(self, timeout: float, sig: int) -> float:
+        """Stop the child with ``sig``, start it again on the same port and directory, and wait
+        until it serves; return the seconds it was down (StackError, and stopped, when it
+        does not come back)."""
+        child, port = self._child, self._port
+        if child is None or port is None or not child.is_running():
+            raise StackError(f"{self!r} is not running: nothing to restart")
+        down_since = time.monotonic()
+        child.send_signal(sig)
+        if not child.wait(timeout):
+            child.kill()
+        try:
+            child.spawn()
+            self._wait_ready(child, port, time.monotonic() + timeout)
+        except BaseException as exc:
+            self.stop()
+            raise StackError(f"{self._server} could not restart on port {port}: {exc}") from exc
+        return time.monotonic() - down_since
 
     def is_started(self) -> bool:
         return self._child is not None

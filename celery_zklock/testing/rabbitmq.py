@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -22,8 +21,6 @@ from celery_zklock.testing.processes import (
     OneProcessService,
     StackError,
     free_port,
-    make_temp_dir,
-    start_with_retries,
 )
 
 __all__ = ["RabbitMQServer"]
@@ -50,6 +47,7 @@ class RabbitMQServer(OneProcessService):
     """A RabbitMQ node on free 127.0.0.1 ports with a private directory, removed on stop."""
 
     what = "the RabbitMQ node"
+    _server = "RabbitMQ"
 
     def __init__(self, *, start_attempts: int = 2) -> None:
         self._start_attempts = start_attempts
@@ -73,26 +71,13 @@ class RabbitMQServer(OneProcessService):
 
         Raises MissingDependency (not installed) or StackError (not ready in ``timeout``
         seconds, exited; the message ends with the node's log)."""
-        self._refuse_restart()
-        executable = self._find_executable()
-
-        def attempt(deadline: float) -> tuple[ChildProcess, int]:
-            port = free_port()
-            child = self._child_for(executable, port, make_temp_dir("zklock-rabbitmq-"))
-            try:
-                child.spawn()
-                child.wait_ready(
-                    deadline, lambda: _accepts(port), ports=[port], bind_failure=_BIND_FAILURE_RE
-                )
-            except BaseException:
-                self._discard(child)
-                raise
-            return child, port
-
-        self._child, self._port = start_with_retries(
-            "RabbitMQ", self._start_attempts, timeout, attempt
-        )
+        self._start(timeout)
         return self
+
+    def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> None:
+        child.wait_ready(
+            deadline, lambda: _accepts(port), ports=[port], bind_failure=_BIND_FAILURE_RE
+        )
 
     def _child_for(self, executable: str, port: int, directory: Path) -> ChildProcess:
         (directory / "enabled_plugins").write_text("[].\n")
@@ -133,25 +118,7 @@ class RabbitMQServer(OneProcessService):
         persistent by default), delivered-but-unacknowledged ones ready again. Raises
         StackError if it is not running, does not die within ``timeout`` seconds, or does not
         come back (e.g. another program took the port)."""
-        child, port = self._child, self._port
-        if child is None or port is None or not child.is_running():
-            raise StackError(f"{self!r} is not running: nothing to restart")
-        down_since = time.monotonic()
-        child.send_signal(sig)
-        if not child.wait(timeout):
-            child.kill()
-        try:
-            child.spawn()
-            child.wait_ready(
-                time.monotonic() + timeout,
-                lambda: _accepts(port),
-                ports=[port],
-                bind_failure=_BIND_FAILURE_RE,
-            )
-        except BaseException as exc:
-            self.stop()
-            raise StackError(f"RabbitMQ could not restart on port {port}: {exc}") from exc
-        return time.monotonic() - down_since
+        return self._restart(timeout, sig)
 
     def close_connections(self, reason: str = "closed by a test", timeout: float = 60.0) -> None:
         """Close every client connection of the node (``rabbitmqctl close_all_connections``):

@@ -11,7 +11,6 @@ import re
 import shutil
 import signal
 import socket
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,10 +18,7 @@ from celery_zklock.testing.processes import (
     ChildProcess,
     MissingDependency,
     OneProcessService,
-    StackError,
     free_port,
-    make_temp_dir,
-    start_with_retries,
 )
 from celery_zklock.validate import positive_int
 
@@ -53,6 +49,7 @@ class RedisServer(OneProcessService):
     """
 
     what = "the Redis server"
+    _server = "Redis"
 
     def __init__(
         self,
@@ -75,7 +72,7 @@ class RedisServer(OneProcessService):
         self._appendfsync = appendfsync
         self._bind = ["127.0.0.1", *(a for a in bind if a != "127.0.0.1")]
         self._executable = executable
-        self._pick_port = port_picker or free_port
+        self._port_picker = port_picker or free_port
         self._start_attempts = start_attempts
 
     def __repr__(self) -> str:
@@ -97,23 +94,7 @@ class RedisServer(OneProcessService):
         exited, not ready within ``timeout`` seconds, or every attempt found its port taken;
         the message ends with the server's log).
         """
-        self._refuse_restart()
-        executable = self._find_executable()
-
-        def attempt(deadline: float) -> tuple[ChildProcess, int]:
-            port = self._pick_port()
-            child = self._child_for(executable, port, make_temp_dir("zklock-redis-"))
-            try:
-                child.spawn()
-                self._wait_ready(child, port, deadline)
-            except BaseException:
-                self._discard(child)
-                raise
-            return child, port
-
-        self._child, self._port = start_with_retries(
-            "Redis", self._start_attempts, timeout, attempt
-        )
+        self._start(timeout)
         return self
 
     def _child_for(self, executable: str, port: int, directory: Path) -> ChildProcess:
@@ -144,20 +125,10 @@ class RedisServer(OneProcessService):
         append-only file. Raises StackError if it is not running, does not die within
         ``timeout`` seconds, or does not come back (e.g. another program took the port).
         """
-        child, port = self._child, self._port
-        if child is None or port is None or not child.is_running():
-            raise StackError(f"{self!r} is not running: nothing to restart")
-        down_since = time.monotonic()
-        child.send_signal(sig)
-        if not child.wait(timeout):
-            child.kill()
-        try:
-            child.spawn()
-            self._wait_ready(child, port, time.monotonic() + timeout)
-        except BaseException as exc:
-            self.stop()
-            raise StackError(f"Redis could not restart on port {port}: {exc}") from exc
-        return time.monotonic() - down_since
+        return self._restart(timeout, sig)
+
+    def _pick_port(self) -> int:
+        return self._port_picker()
 
     def _wait_ready(self, child: ChildProcess, port: int, deadline: float) -> None:
         child.wait_ready(deadline, lambda: _ping(port), ports=[port], bind_failure=_BIND_FAILURE_RE)
