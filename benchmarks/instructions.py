@@ -3,7 +3,7 @@ locked cycles counted in CPU instructions, for this checkout and others, side by
 
 A CPU-time figure moves with the machine's load and speed; an instruction count does not:
 ``valgrind --tool=callgrind`` counts the user-space instructions of every thread of a process
-(kazoo's included), the same to within about 0.5% from run to run on a busy machine. So a
+(kazoo's included), the same to within 1% from run to run on a busy machine. So a
 before/after question ("what did this change cost per call?") is answered here even where
 section 7's CPU times spread by tens of percent. What it does not count: system calls' time in
 the kernel and thread wake-ups, which section 7 and section 4 do.
