@@ -18,6 +18,7 @@ from typing import Any
 from celery import Celery
 
 from celery_zklock import ZkLockTask
+from celery_zklock.session import close_clients
 from celery_zklock.testing.zookeeper import ZooKeeperServer
 
 
@@ -46,6 +47,7 @@ def main(argv: list[str]) -> int:
             sync_account(2)
         finally:
             sys.setprofile(None)
+            close_clients()  # before its ZooKeeper stops: no reconnect warning at exit
     distinct = list(dict.fromkeys(calls))
     modules = collections.Counter(module for module, _ in distinct)
     print(f"{len(calls)} calls, {len(distinct)} distinct functions, {len(modules)} modules")
