@@ -24,12 +24,25 @@ def expire_session(hosts: str, client: KazooClient) -> None:
     expire_session_id(hosts, session_id, password)
 
 
-def expire_session_id(hosts: str, session_id: int, password: bytes) -> None:
-    """Expire the session ``session_id`` on the server (see :func:`expire_session`)."""
-    twin = KazooClient(hosts, client_id=(session_id, password))
-    twin.start(timeout=15)
-    twin.stop()
-    twin.close()
+def expire_session_id(hosts: str, session_id: int, password: bytes, attempts: int = 5) -> None:
+    """Expire the session ``session_id`` on the server (see :func:`expire_session`), and make
+    sure it is gone: a twin that finds the session still there closes it, and the next twin
+    must be refused it (the server then gives it a new session).
+
+    One close is not always enough: attaching the twin drops the owner's connection, and the
+    owner's client may reconnect to its session before the twin's close goes out, dropping the
+    twin's connection instead (its close then never reached the server, once in CI).
+    """
+    for _ in range(attempts):
+        twin = KazooClient(hosts, client_id=(session_id, password))
+        twin.start(timeout=15)
+        try:
+            if twin.client_id[0] != session_id:
+                return  # refused: the server no longer knows the session
+        finally:
+            twin.stop()
+            twin.close()
+    raise AssertionError(f"session {session_id:#x} still open after {attempts} closes")
 
 
 WAIT_FLOOR = 30.0
