@@ -24,7 +24,7 @@ def expire_session(hosts: str, client: KazooClient) -> None:
     expire_session_id(hosts, session_id, password)
 
 
-def expire_session_id(hosts: str, session_id: int, password: bytes, attempts: int = 5) -> None:
+def expire_session_id(hosts: str, session_id: int, password: bytes, attempts: int = 20) -> None:
     """Expire the session ``session_id`` on the server (see :func:`expire_session`), and make
     sure it is gone: a twin that finds the session still there closes it, and the next twin
     must be refused it (the server then gives it a new session).
