@@ -369,12 +369,12 @@ def run_section(
     extra = {f"zklock-{policy}/{name}": name for name, policy in policies.items()}
     contenders = CONTENDERS + tuple(
         Contender(
-            f"zklock-{policy}/{name}",
-            ZKLOCK_WAIT if policy == "wait" else ZKLOCK_SKIP,
+            label,
+            ZKLOCK_WAIT if policies[name] == "wait" else ZKLOCK_SKIP,
             "celery-zklock",
-            f'ZkLockTask, lock_on_busy="{policy}", {variants.VARIANTS[name]}',
+            f'ZkLockTask, lock_on_busy="{policies[name]}", {variants.VARIANTS[name]}',
         )
-        for name, policy in policies.items()
+        for label, name in extra.items()
     )
     settings = section_settings(
         zk_server, redis_url, "/bench-celery", pool=POOL, concurrency=CONCURRENCY
