@@ -11,8 +11,9 @@ shown on the site):
 The examples are written for a reader's machine: ``localhost:2181`` is replaced with the test's
 ZooKeeper and ``redis://localhost:6379/0`` with a database of the test's Redis that is flushed
 after each example (so no message or celery-once key outlives it); ``ZKLOCK_ROOT`` is a fresh
-lock root per example, for examples that set no ``zklock_root``. An example that imports
-celery-once needs the ``bench`` extra and is skipped, with the reason, without it.
+lock root per example, for examples that set no ``zklock_root``. celery-once, which
+docs/coming-from-celery-once.md's first example imports, is in the ``test`` extra: that example
+runs in ``make test`` like the others (never skipped: a missing package fails it).
 """
 
 from __future__ import annotations
@@ -128,9 +129,6 @@ def test_example(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = "".join(block.code for block in example.blocks)
-    if "celery_once" in code:
-        pytest.importorskip("celery_once", reason="celery-once comes with the `bench` extra")
     docs_redis = _docs_redis(redis_url)
     monkeypatch.setenv("ZKLOCK_ROOT", lock_root)
     module = re.sub(r"\W", "_", f"docs_{example.id}")
