@@ -54,6 +54,7 @@ import inspect
 import logging
 import socket
 import threading
+import weakref
 from importlib.metadata import version
 from typing import Any, ClassVar, Final
 
@@ -96,6 +97,8 @@ PRIVATE_HOOKS: Final[tuple[tuple[str, str], ...]] = (
 CONTAINER_FLAGS: Final = 4
 #: ZooKeeper's CreateMode.PERSISTENT_WITH_TTL flag.
 TTL_FLAGS: Final = 5
+#: ZooKeeper's CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL flag.
+TTL_SEQUENTIAL_FLAGS: Final = 6
 #: RemoveWatches watcher types (org.apache.zookeeper.Watcher.WatcherType).
 DATA_WATCHES: Final = 2
 _NEGOTIATED_ATTR: Final = "_zklock_negotiated_timeout"
@@ -435,20 +438,41 @@ def create_container_async(client: Any, path: str, acl: list[ACL] | None = None)
 
 
 def create_ttl_async(
-    client: Any, path: str, data: bytes, ttl_ms: int, acl: list[ACL] | None = None
+    client: Any,
+    path: str,
+    data: bytes,
+    ttl_ms: int,
+    acl: list[ACL] | None = None,
+    *,
+    sequential: bool = False,
 ) -> Any:
-    """Send ``createTTL`` for ``path``; returns kazoo's async result (path, stat). The server
-    answers ``UnimplementedError`` when TTL nodes are not enabled on it."""
+    """Send ``createTTL`` for ``path`` (with ``sequential``, the server appends the sequence
+    number); returns kazoo's async result (full path, stat): pass the path through
+    ``client.unchroot``. The server answers ``UnimplementedError`` when TTL nodes are not
+    enabled on it (remember it with :func:`note_no_ttl_nodes`)."""
     result = client.handler.async_result()
     request = CreateTTL(
         client.chroot + path if client.chroot else path,
         data,
         list(acl if acl is not None else (client.default_acl or OPEN_ACL_UNSAFE)),
-        TTL_FLAGS,
+        TTL_SEQUENTIAL_FLAGS if sequential else TTL_FLAGS,
         ttl_ms,
     )
     client._call(request, result)
     return result
+
+
+_no_ttl_nodes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def note_no_ttl_nodes(client: Any) -> None:
+    """Remember that ``client``'s server answered ``createTTL`` with ``Unimplemented``."""
+    _no_ttl_nodes.add(client)
+
+
+def has_ttl_nodes(client: Any) -> bool:
+    """False once ``client``'s server refused a ``createTTL`` (:func:`note_no_ttl_nodes`)."""
+    return client not in _no_ttl_nodes
 
 
 def remove_data_watches_async(client: Any, path: str) -> Any:

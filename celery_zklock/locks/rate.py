@@ -1,49 +1,94 @@
 """A fleet-wide rate limit on ZooKeeper's clock: at most ``N`` admissions per period, per path.
 
-:class:`RateLimit` keeps one persistent sequential node per admission under its path
+:class:`RateLimit` keeps one sequential node per admission under its path
 (``<path>/adm-<seq>``, the caller's data in it) and decides each new one under a short
 :class:`~celery_zklock.Mutex` (``<path>/lock``), so decisions are made one at a time:
 
 1. create the candidate node: its ``ctime`` is *now*, stamped by the ZooKeeper leader;
-2. read the other admissions' ``ctime``; those older than ``now - period`` are deleted;
-3. fewer than ``N`` left: admitted (the node stays, and counts for a period); else the node is
-   deleted and the answer is no, with the time the window next admits one (from the oldest
-   admission's ``ctime``).
+2. read the other admissions' ``ctime``;
+3. check that the decision lock is still held (its :class:`~celery_zklock.Lease` is not lost):
+   else the listing may have missed admissions that another decider, granted the lock since,
+   deleted as old by *its* later clock. The decision is then void: the candidate is deleted and
+   the decision is made again under a new lock (the race this step closes: a decider stalled
+   between 1 and 2 while its session expired, listing long after its candidate's ``ctime``);
+4. admissions of ``ctime <= now - period`` are deleted; fewer than ``N`` left: admitted (the node
+   stays, and counts for a period); else the node is deleted and the answer is no, with the
+   time the window next admits one (from the admissions' ``ctime``).
 
-**The guarantee**: at most ``N`` admissions whose ``ctime`` fall in any window of one period,
-whatever the clients' clocks say, as every time compared is a ``ctime`` written by the
-leader. Edges, stated plainly:
+**The guarantee**: at most ``N`` admission ``ctime``\\ s in any half-open window
+``[t, t + period)``, whatever the clients' clocks say, as every time compared is a ``ctime``
+written by the leader. Why: every decision is taken on a listing made under the lock, after all
+earlier decisions' listings, and counts every admission of ``ctime > now - period``; a deletion
+removes only nodes old for a ``now`` no later than any later decision's (a decider's own
+candidate, or its decision lock node for a sweep, was created before any later decider's).
 
-- *What counts*: an admission is counted when ``acquire`` returns True, whatever the caller then
-  does with it; it is never given back.
-- *A crash* between the candidate's creation and the answer leaves a node that counts as an
-  admission (the limit holds; the crashed caller's slot is lost for one period).
+**Where admissions go** (a key that stops being used leaves no node):
+
+- *TTL nodes*: where the server enables them (``zookeeper.extendedTypesEnabled=true``) each
+  admission is a TTL node of one period: the server deletes it between one period and one
+  period plus ``znode.container.checkIntervalMs`` (ZooKeeper's default 60 s) after its
+  ``ctime``, whether or not any client is left.
+- *Elsewhere* (ZooKeeper's default): admissions are persistent, and removed by the next decision
+  on the key, or by a *sweep*: after every decision that leaves persistent admissions, the
+  deciding process removes them once old, within :data:`SWEEP_MARGIN` of the newest one's
+  period (a thread per client, while there is something to sweep; under the decision lock, as
+  a decision). A process that stops its client (or dies) before its sweeps leaves them to the
+  next decision on the key.
+- The decision lock (``<path>/lock``) and ``<path>`` are containers, as every lock's parents:
+  once the admissions are gone the server reaps them, and then the parents above that became
+  empty, one level per ``checkIntervalMs``.
+
+So an idle key's nodes are all gone within ``period + SWEEP_MARGIN + (levels + 1) x
+checkIntervalMs`` of its last admission (``levels``: the containers that become empty; no
+sweep margin with TTL nodes), as long as its last decider's client stays open on a server
+without TTL nodes.
+
+Edges, stated plainly:
+
+- *What counts*: an admission is counted when ``acquire`` returns True (``admit`` returns None),
+  whatever the caller then does with it; it is never given back.
+- *A crash*, or a candidate whose create or delete ZooKeeper did not answer, leaves a node that
+  counts as an admission (the limit holds; one slot is lost for one period), removed as above.
 - *ZooKeeper unreachable*: ``acquire`` raises :class:`~celery_zklock.ZooKeeperUnavailable`;
   nothing is admitted without ZooKeeper's answer.
-- *A leader change* between servers whose clocks disagree shifts the window by their skew
-  (keep the ensemble's clocks in NTP sync, as ZooKeeper itself asks).
-- *Nodes*: at most ``N`` admissions after each decision, plus any candidate of a caller that
-  died mid-decision: the path stays bounded. Its parent is a container.
+- *The leader's clock*: ``ctime`` is the leader's wall clock. A jump *forward* by ``J`` ages
+  every admission by ``J`` at once: the statement on ``ctime``\\ s holds, but up to ``2N`` may be
+  admitted within one real period around the jump, and TTL expiries and sweeps remove admissions
+  ``J`` early. A jump *backward* by ``J`` never admits more within a real period (admissions
+  stamped "in the future" count as recent until the clock passes them: the key admits fewer for
+  up to ``J``), but new ``ctime``\\ s then fall among older ones, so up to ``2N`` ``ctime``\\ s can
+  share one window of clock readings. A leader change between servers whose clocks disagree is
+  such a jump (keep the ensemble's clocks in NTP sync, as ZooKeeper itself asks).
+- *Older versions* (before TTL nodes, sweeps and the check of step 3) decide on the same
+  nodes under the same lock: their persistent admissions are counted, swept and deleted like
+  any other, and their decisions count TTL admissions; during a deploy the limit holds except
+  for the stale decision of step 3 that an old process may still take.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
+import weakref
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Final
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NoNodeError, SessionExpiredError, UnimplementedError
 
-from celery_zklock.errors import ConfigurationError, LockTimeout
+from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.locks import adapter
 from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
+from celery_zklock.locks.lease import Lease
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.queue import make_containers, pipelined, validate_lock_path
 
 __all__ = ["Rate", "RateLimit", "parse_rate"]
+
+logger = logging.getLogger("celery_zklock.locks")
 
 RATE_NODE: Final = "rate"
 """The child of a task lock's path that holds its key's rate admissions (``lock_rate``)."""
@@ -56,6 +101,15 @@ TRY_WAIT: Final = 2.0
 milliseconds, so this bounds only a slow ZooKeeper."""
 IO_TIMEOUT: Final = 10.0
 """Seconds ZooKeeper may take to answer one decision's requests (else ZooKeeperUnavailable)."""
+LISTING_BOUND: Final = 10.0
+"""Seconds from sending a decision's candidate create to receiving its listing past which the
+decision is void (made again): a TTL admission lives this long past its period, so none that
+counts for the decision can have expired before its listing."""
+SWEEP_MARGIN: Final = 1.0
+"""Seconds after the newest persistent admission's period at which its process sweeps the key."""
+SWEEP_RETRY: Final = 1.0
+"""Seconds before a sweep that failed (ZooKeeper unreachable, the decision lock busy) is tried
+again."""
 _PERIODS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*(?:/\s*([smh]))?\s*$")
 
@@ -71,6 +125,11 @@ class Rate:
         unit = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(self.period)
         return f"{self.limit}/{unit}" if unit else f"{self.limit}/{self.period}s"
 
+    @property
+    def period_ms(self) -> int:
+        """The period in whole milliseconds, ZooKeeper's unit of ``ctime``."""
+        return round(self.period * 1000)
+
 
 def parse_rate(rate: object, label: str = "rate") -> Rate:
     """A rate in Celery's syntax: ``"10/s"``, ``"100/m"``, ``"1/h"`` (a bare number is per
@@ -84,6 +143,21 @@ def parse_rate(rate: object, label: str = "rate") -> Rate:
             f"'10/s', '100/m', '1/h'), got {rate!r}"
         )
     return Rate(int(match[1]), _PERIODS[match[2] or "s"])
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admission node as read: its path, ``ctime`` (ms) and whether the server removes it
+    (a TTL node)."""
+
+    node: str
+    ctime: int
+    ttl: bool
+
+
+_VOID: Final = object()
+"""A decision taken without the decision lock (lost before the listing came): it counts for
+nothing."""
 
 
 class RateLimit:
@@ -133,53 +207,219 @@ class RateLimit:
 
     def admit(self, data: bytes = b"", turn: float | None = TRY_WAIT) -> float | None:
         """One decision: None when admitted, else the seconds until the window can admit one.
-        Waits up to ``turn`` seconds for its turn to decide (LockTimeout past it)."""
-        lease = self._decisions.acquire(timeout=turn)
-        try:
-            return self._decide(data)
-        finally:
-            lease.release()
+        Waits up to ``turn`` seconds for its turn to decide (LockTimeout past it); a decision
+        whose lock was lost before its listing came is made again within that time."""
+        deadline = Deadline(turn)
+        while True:
+            lease = self._decisions.acquire(timeout=deadline.remaining())
+            try:
+                outcome = self._decide(lease, data)
+            except (KazooException, ZooKeeperUnavailable):
+                # Our candidate may be there (a create or delete with no answer): sweep it.
+                Sweeper.of(self.client).schedule(
+                    self.path, self.rate, self.rate.period + SWEEP_MARGIN
+                )
+                raise
+            finally:
+                lease.release()
+            if outcome is not _VOID:
+                assert outcome is None or isinstance(outcome, float)
+                return outcome
+            logger.info("rate %s: the decision lock was lost mid-decision; deciding again",
+                        self.path)  # fmt: skip
 
     def admissions(self) -> list[float]:
         """The ``ctime`` (ZooKeeper's clock, seconds since the epoch) of the admissions of the
         last period, oldest first, as seen now (for operators)."""
-        io = Deadline(IO_TIMEOUT)
-        nodes = self._nodes(io)
+        nodes = self._nodes(Deadline(IO_TIMEOUT))
         if not nodes:
             return []
-        newest = max(ctime for _, ctime in nodes)
-        return sorted(c / 1000.0 for _, c in nodes if c > newest - self.rate.period * 1000)
+        newest = max(a.ctime for a in nodes)
+        return sorted(a.ctime / 1000.0 for a in nodes if a.ctime > newest - self.rate.period_ms)
 
-    def _decide(self, data: bytes) -> float | None:
-        """Under the decision lock: None when admitted, else seconds until the window admits."""
+    def sweep(self) -> float | None:
+        """Remove the admissions older than a period (by ZooKeeper's clock), under the decision
+        lock; the seconds until the newest persistent one left is a period old, or None when
+        none is left. A path without admissions is left alone (its containers go by
+        themselves). Raises LockTimeout (the lock stayed busy for :data:`TRY_WAIT`),
+        ZooKeeperUnavailable."""
         io = Deadline(IO_TIMEOUT)
-        client = self.client
+        (children,) = pipelined(self.client, [("children", self.path)], io)
+        if not any(name.startswith(ADMISSION_PREFIX) for name in children or ()):
+            return None
+        lease = self._decisions.acquire(timeout=TRY_WAIT)
         try:
-            created = client.create_async(
-                f"{self.path}/{ADMISSION_PREFIX}", data, sequence=True, include_data=True
-            )
-            ours, stat = wait_result(created, io, f"creating an admission under {self.path}")
-        except NoNodeError:
-            make_containers(client, self.path, io)
-            return self._decide(data)
-        now: int = stat.ctime
-        window = self.rate.period * 1000
-        others = [(name, ctime) for name, ctime in self._nodes(io) if name != ours]
-        old = [name for name, ctime in others if ctime <= now - window]
-        recent = sorted(ctime for _, ctime in others if ctime > now - window)
-        gone = [ours] if len(recent) >= self.rate.limit else []
-        for result in [client.delete_async(name) for name in old + gone]:
-            with suppress(NoNodeError):
-                wait_result(result, io, f"removing old admissions under {self.path}")
-        if not gone:
+            # Now, as the leader stamps it: our lock node's ctime, which is no later than any
+            # later decider's candidate (see the module docstring).
+            (lock_node,) = pipelined(self.client, [("get", lease.node)], io)
+            if lock_node is None:
+                raise ZooKeeperUnavailable(f"the decision lock of {self.path} was lost")
+            now = int(lock_node[1].ctime)
+            left = self._remove_old(self._nodes(io), now, io)
+        finally:
+            lease.release()
+        persistent = [a.ctime for a in left if not a.ttl]
+        if not persistent:
+            return None
+        return max(0.0, (max(persistent) + self.rate.period_ms - now) / 1000.0)
+
+    def _decide(self, lease: Lease, data: bytes) -> object:
+        """Under the decision lock: None when admitted, the seconds until the window admits
+        one, or :data:`_VOID` when the lock was lost before the listing came."""
+        io = Deadline(IO_TIMEOUT)
+        sent = time.monotonic()
+        ours, now, ttl = self._create_candidate(data, io)
+        try:
+            nodes = self._nodes(io)
+        except SessionExpiredError:  # our lock went with the session
+            nodes = None
+        if nodes is None or lease.lost or time.monotonic() - sent > LISTING_BOUND:
+            self._remove([ours], io)
+            return _VOID
+        others = [a for a in nodes if a.node != ours]
+        left = self._remove_old(others, now, io)
+        recent = sorted(a.ctime for a in left)
+        admitted = len(recent) < self.rate.limit
+        if not admitted:
+            self._remove([ours], io)
+        else:
+            left.append(Admission(ours, now, ttl))
+        self._sweep_later(left, now)
+        if admitted:
             self._last.ctime = now / 1000.0
             return None
-        opens = recent[len(recent) - self.rate.limit] + window
+        opens = recent[len(recent) - self.rate.limit] + self.rate.period_ms
         return max(0.001, (opens - now) / 1000.0 + 0.001)
 
-    def _nodes(self, io: Deadline) -> list[tuple[str, int]]:
-        """``(node path, ctime in ms)`` of every admission under the path."""
+    def _create_candidate(self, data: bytes, io: Deadline) -> tuple[str, int, bool]:
+        """Create our candidate admission (where the server has TTL nodes, one that lives
+        :data:`LISTING_BOUND` past its period); its path, ``ctime`` (ms) and whether it is a
+        TTL node."""
+        client, what = self.client, f"creating an admission under {self.path}"
+        node = f"{self.path}/{ADMISSION_PREFIX}"
+        while True:
+            try:
+                if adapter.has_ttl_nodes(client):
+                    try:
+                        ttl = self.rate.period_ms + round(LISTING_BOUND * 1000)
+                        created = adapter.create_ttl_async(client, node, data, ttl, sequential=True)
+                        full, stat = wait_result(created, io, what)
+                        return client.unchroot(full), int(stat.ctime), True
+                    except UnimplementedError:
+                        adapter.note_no_ttl_nodes(client)
+                created = client.create_async(node, data, sequence=True, include_data=True)
+                path, stat = wait_result(created, io, what)
+                return path, int(stat.ctime), False
+            except NoNodeError:
+                make_containers(client, self.path, io)
+
+    def _remove_old(self, nodes: list[Admission], now: int, io: Deadline) -> list[Admission]:
+        """Delete the admissions a period old at ``now``; return the others."""
+        old = [a.node for a in nodes if a.ctime <= now - self.rate.period_ms]
+        self._remove(old, io)
+        return [a for a in nodes if a.ctime > now - self.rate.period_ms]
+
+    def _remove(self, nodes: list[str], io: Deadline) -> None:
+        """Delete ``nodes`` (one already gone is skipped). One ZooKeeper does not delete in
+        time stays, and counts as an admission until it is old."""
+        try:
+            for result in [self.client.delete_async(node) for node in nodes]:
+                with suppress(NoNodeError):
+                    wait_result(result, io, f"removing admissions under {self.path}")
+        except (KazooException, ZooKeeperUnavailable) as exc:
+            logger.info("rate %s: admissions not removed now (%r)", self.path, exc)
+
+    def _sweep_later(self, left: list[Admission], now: int) -> None:
+        """Have this client sweep the path once the newest persistent admission in ``left``
+        (read at ZooKeeper's ``now``) is a period old."""
+        persistent = [a.ctime for a in left if not a.ttl]
+        if persistent:
+            delay = (max(persistent) + self.rate.period_ms - now) / 1000.0
+            Sweeper.of(self.client).schedule(self.path, self.rate, delay + SWEEP_MARGIN)
+
+    def _nodes(self, io: Deadline) -> list[Admission]:
+        """Every admission under the path, as listed now."""
         (children,) = pipelined(self.client, [("children", self.path)], io)
         paths = [f"{self.path}/{n}" for n in children or () if n.startswith(ADMISSION_PREFIX)]
         answers = pipelined(self.client, [("get", p) for p in paths], io)
-        return [(p, a[1].ctime) for p, a in zip(paths, answers, strict=True) if a is not None]
+        return [
+            Admission(p, int(a[1].ctime), a[1].ephemeralOwner != 0)
+            for p, a in zip(paths, answers, strict=True)
+            if a is not None
+        ]
+
+
+class Sweeper:
+    """The sweeps one client owes (see the module docstring): each path is swept with
+    :meth:`RateLimit.sweep` when due, and again while persistent admissions are left, on a
+    thread of the client's handler that runs while there is something to sweep. Pending sweeps
+    are dropped when the client is stopped. One per client (:meth:`of`)."""
+
+    _by_client: weakref.WeakKeyDictionary[KazooClient, Sweeper] = weakref.WeakKeyDictionary()
+    _made = threading.Lock()
+
+    def __init__(self, client: KazooClient) -> None:
+        self._client_ref = weakref.ref(client)
+        self._handler = client.handler
+        self._lock = threading.Lock()
+        self._due: dict[str, tuple[float, Rate]] = {}
+        self._wake = client.handler.event_object()
+        self._running = False
+
+    @classmethod
+    def of(cls, client: KazooClient) -> Sweeper:
+        with cls._made:
+            sweeper = cls._by_client.get(client)
+            if sweeper is None:
+                sweeper = cls._by_client[client] = cls(client)
+        return sweeper
+
+    def schedule(self, path: str, rate: Rate, delay: float) -> None:
+        """Sweep ``path`` ``delay`` seconds from now (or later, if it is due later already)."""
+        due = time.monotonic() + max(0.0, delay)
+        with self._lock:
+            current = self._due.get(path)
+            self._due[path] = (max(due, current[0]) if current else due, rate)
+            start = not self._running
+            self._running = True
+        if start:
+            self._handler.spawn(self._run)
+        elif current is None:
+            self._wake.set()
+
+    def pending(self) -> dict[str, float]:
+        """The paths still to sweep, with when (``time.monotonic()``)."""
+        with self._lock:
+            return {path: due for path, (due, _) in self._due.items()}
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                client = self._client_ref()
+                if client is None or adapter.is_closed(client) or not self._due:
+                    self._due.clear()
+                    self._running = False
+                    return
+                now = time.monotonic()
+                ready = [(p, r) for p, (due, r) in self._due.items() if due <= now]
+                for path, _ in ready:
+                    del self._due[path]
+                wait = min((due for due, _ in self._due.values()), default=now) - now
+                self._wake.clear()
+            for path, rate in ready:
+                self._sweep(client, path, rate)
+            del client
+            if not ready:
+                self._wake.wait(wait)
+
+    def _sweep(self, client: KazooClient, path: str, rate: Rate) -> None:
+        try:
+            again = RateLimit(client, path, rate).sweep()
+        except Exception as exc:  # ZooKeeper unreachable or the lock busy: try again later
+            logger.debug("rate sweep of %s failed: %r", path, exc)
+            again = SWEEP_RETRY - SWEEP_MARGIN
+        if again is not None:
+            with self._lock:
+                current = self._due.get(path)
+                due = time.monotonic() + again + SWEEP_MARGIN
+                self._due[path] = (max(due, current[0]) if current else due, rate)
