@@ -1,10 +1,12 @@
-"""The verdict on one recorded run: mutual exclusion, fencing, task accounting and faults.
+"""The verdict on one recorded run: mutual exclusion, rate limits, fencing, task accounting and
+faults.
 
 :func:`check_run` replays a run's section events (:mod:`workers.record`) in the order Redis
 received them, by the overlap rule of :mod:`celery_zklock.testing.exclusion`, with the tasks'
 final states and the faults injected, and returns a :class:`RunReport`. Which overlaps count as
-revoked (a fault took the holder's lease, and it knew) and which as violations, which writes are
-stale and how tasks are counted: ``docs/fleet.md``, "The verdict".
+revoked (a fault took the holder's lease, and it knew) and which as violations, which rate
+admissions were one too many (:mod:`workers.admissions`), which bodies completed twice, which
+writes are stale and how tasks are counted: ``docs/fleet.md``, "The verdict".
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, NamedTuple
 from celery_zklock import is_skipped
 from celery_zklock.run import PREEMPTED
 from celery_zklock.testing.exclusion import Exclusion
+from workers.admissions import Admission, RateOverrun, rate_overruns
 from workers.record import (
     FORCED_LOSS_KINDS,
     MAIN_PROCESS_KILL,
@@ -38,6 +41,10 @@ __all__ = [
 ]
 
 FINAL_STATES = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
+COMPLETED_OUTCOMES = ("ok", "error:")
+"""``exit`` outcomes (prefixes) of a body that ran to its end: it returned, or raised on its
+own. ``lost`` and ``preempted`` bodies were stopped; an exit without an outcome (older records)
+says nothing, and counts as neither."""
 LOST_REASON_PREFIX = "LockLost"
 PREEMPTED_FAILURE = "LockLost (preempted)"
 """The failure kind of a task whose lock a newer ``preempt`` call broke."""
@@ -115,8 +122,9 @@ class FaultImpact:
 
 @dataclass(frozen=True)
 class RunReport:
-    """What :func:`check_run` found. ``ok``: no violation, stale write, lost task or leftover,
-    and nothing left unchecked (:attr:`unchecked`)."""
+    """What :func:`check_run` found. ``ok``: no violation (mutual exclusion or rate), stale
+    write, lost task, leftover or body completed twice, and nothing left unchecked
+    (:attr:`unchecked`)."""
 
     tasks: int
     ran: int
@@ -124,6 +132,7 @@ class RunReport:
     failed: int
     lost: int
     violations: int
+    """Overlaps no fault explains (``overlaps`` not revoked) plus ``rate_violations``."""
     revoked_overlaps: int
     stale_writes_accepted: int
     leftover_nodes: int
@@ -188,17 +197,51 @@ class RunReport:
     broker's transport before any worker ran them (:mod:`workers.whereabouts`: popped, and
     lost with the broker or the consumer before it was recorded as delivered). Not counted in
     ``lost``; any other such task is lost."""
+    rate_overruns: tuple[RateOverrun, ...] = ()
+    """Admissions of rate-limited sections that made more than N in one period of their key
+    (:func:`workers.admissions.rate_overruns`); each is a rate violation."""
+    rate_admissions: int = 0
+    """Admissions checked: rate-limited sections that recorded their admission's ``ctime``."""
+    admissions_unread: int = 0
+    """Rate-limited sections that could not read their admission: not checked (unchecked)."""
+    completed_twice: Mapping[str, int] = field(default_factory=dict)
+    """Task id -> how many times its body ran to its end (``exit`` ``ok`` or ``error:...``) on
+    one key, for the tasks whose body did so more than once: a redelivered copy of a call
+    that had ended ran it again. Each fails the verdict."""
 
     @property
     def broker_dropped(self) -> int:
         return len(self.broker_dropped_task_ids)
 
     @property
+    def rate_violations(self) -> int:
+        return len(self.rate_overruns)
+
+    @property
+    def exclusion_violations(self) -> int:
+        """The violations that are overlaps (mutual exclusion), without the rate ones."""
+        return self.violations - self.rate_violations
+
+    @property
+    def completed_twice_task_ids(self) -> tuple[str, ...]:
+        return tuple(self.completed_twice)
+
+    @property
+    def duplicate_completions(self) -> int:
+        return len(self.completed_twice)
+
+    @property
     def unchecked(self) -> int:
         """Records missing or contradicting the protocol: tasks that ran without an ``enter``,
-        sections of finished tasks left open, malformed events. Each hides what the replay
-        should have compared, so any of them fails the verdict."""
-        return self.ran_without_section + self.unexplained_open_sections + len(self.malformed)
+        sections of finished tasks left open, malformed events, rate-limited sections without
+        their admission. Each hides what the replay should have compared, so any of them fails
+        the verdict."""
+        return (
+            self.ran_without_section
+            + self.unexplained_open_sections
+            + len(self.malformed)
+            + self.admissions_unread
+        )
 
     @property
     def ok(self) -> bool:
@@ -207,6 +250,7 @@ class RunReport:
             and self.stale_writes_accepted == 0
             and self.lost == 0
             and self.leftover_nodes == 0
+            and self.duplicate_completions == 0
             and self.unchecked == 0
         )
 
@@ -217,13 +261,15 @@ class RunReport:
             f"zklock-report: tasks={self.tasks} ran={self.ran} skipped={self.skipped} "
             f"failed={self.failed} lost={self.lost} violations={self.violations} "
             f"stale_writes_accepted={self.stale_writes_accepted} "
-            f"leftover_nodes={self.leftover_nodes} broker_dropped={self.broker_dropped}"
+            f"leftover_nodes={self.leftover_nodes} broker_dropped={self.broker_dropped} "
+            f"rate_violations={self.rate_violations} "
+            f"duplicate_completions={self.duplicate_completions}"
         )
         if self.unchecked:
             line += (
                 f" ran_without_section={self.ran_without_section} "
                 f"unexplained_open_sections={self.unexplained_open_sections} "
-                f"malformed={len(self.malformed)}"
+                f"malformed={len(self.malformed)} admissions_unread={self.admissions_unread}"
             )
         return line
 
@@ -233,6 +279,8 @@ class RunReport:
         data: dict[str, Any] = _plain(asdict(self))
         data["ok"] = self.ok
         data["broker_dropped"] = self.broker_dropped
+        data["rate_violations"] = self.rate_violations
+        data["duplicate_completions"] = self.duplicate_completions
         data["unchecked"] = self.unchecked
         data["report_line"] = self.report_line()
         return data
@@ -316,6 +364,10 @@ class _Replay:
     writing_known: dict[str, int | None] = field(default_factory=dict)
     """Holder -> highest accepted token of its key among writes recorded before its
     ``writing`` event (None: none yet), for holders that recorded one."""
+    admissions: list[Admission] = field(default_factory=list)
+    admissions_unread: int = 0
+    completions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """``(task id, key)`` -> bodies that ran to their end (:data:`COMPLETED_OUTCOMES`)."""
 
     def feed(self, position: int, event: SectionEvent) -> None:
         if event.kind == "killed":
@@ -358,6 +410,13 @@ class _Replay:
         self.last_section[(event.task_id, event.key)] = section
         self.attempts_by_key[(event.task_id, event.key)] += 1
         self.first_enter.setdefault(event.task_id, event.time)
+        if event.rate is not None:
+            if event.admitted is None:
+                self.admissions_unread += 1
+            else:
+                self.admissions.append(
+                    Admission(event.key, event.rate, event.admitted, event.holder)
+                )
         if overlapped:
             self.raw_overlaps.append(
                 (position, section, tuple((s, tuple(s.forces)) for _, s in overlapped))
@@ -370,6 +429,8 @@ class _Replay:
             return
         section.end = "exit"
         section.outcome = event.outcome
+        if (event.outcome or "").startswith(COMPLETED_OUTCOMES):
+            self.completions[(event.task_id, event.key)] += 1
         self.holds.append(max(0.0, event.time - section.enter.time))
         self.exit_times.append(event.time)
         if event.outcome == "lost":
@@ -497,13 +558,18 @@ def check_run(
     tally.lost = [t for t in tally.lost if t not in dropped]
     start = min(submitted.values(), default=min((e.time for e in events), default=0.0))
     attempts = replay.attempts
+    overruns = rate_overruns(replay.admissions)
+    completed_twice: dict[str, int] = {}
+    for (task_id, _), count in replay.completions.items():
+        if count > 1:
+            completed_twice[task_id] = max(count, completed_twice.get(task_id, 0))
     return RunReport(
         tasks=len(submitted),
         ran=len(tally.ran),
         skipped=tally.skipped,
         failed=sum(tally.failure_reasons.values()),
         lost=len(tally.lost),
-        violations=sum(1 for o in overlaps if not o.revoked),
+        violations=sum(1 for o in overlaps if not o.revoked) + len(overruns),
         revoked_overlaps=sum(1 for o in overlaps if o.revoked),
         stale_writes_accepted=len(replay.stale),
         leftover_nodes=leftover_nodes,
@@ -549,6 +615,10 @@ def check_run(
         preempted=replay.preempted,
         gate=gate,
         gate_held_max=gate_held_max,
+        rate_overruns=overruns,
+        rate_admissions=len(replay.admissions),
+        admissions_unread=replay.admissions_unread,
+        completed_twice=completed_twice,
     )
 
 
@@ -680,8 +750,15 @@ def _summary(report: RunReport) -> list[str]:
             else ""
         )
     )
+    if r.completed_twice:
+        lines.append(
+            f"  bodies completed more than once: {r.duplicate_completions} ("
+            + _first([f"{t} x{n}" for t, n in r.completed_twice.items()])
+            + ")"
+        )
     lines.append(
-        f"mutual exclusion: {r.violations} violations; {r.revoked_overlaps} revoked overlaps "
+        f"mutual exclusion: {r.exclusion_violations} violations; {r.revoked_overlaps} revoked "
+        "overlaps "
         "(the holder inside was killed, or paused or expired by a fault, and ended with its "
         "lock lost: the fence covers that window)"
     )
@@ -691,6 +768,14 @@ def _summary(report: RunReport) -> list[str]:
             f"({overlap.entering_mode}) entered {overlap.key} while "
             f"{', '.join(overlap.inside)} held it"
         )
+    if r.rate_admissions or r.admissions_unread:
+        lines.append(
+            f"rate limits: {r.rate_admissions} admissions checked (ZooKeeper ctimes), "
+            f"{r.rate_violations} over their rate in one period"
+            + (f"; {r.admissions_unread} not read (unchecked)" if r.admissions_unread else "")
+        )
+    for overrun in r.rate_overruns[:10]:
+        lines.append(f"  rate violation: {overrun.describe()}")
     lines.append(
         f"fenced writes: {r.writes_accepted} accepted, {r.writes_refused} refused; "
         f"{r.stale_writes_accepted} stale writes accepted"

@@ -154,6 +154,8 @@ class LoadConfig:
     rate: str = "5/s"
     preempt_ratio: float = 0.0
     pair_ratio: float = 0.0
+    eta_ratio: float = 0.0
+    eta_countdown: float = 4.0
     hold_ms: int = 200
     hold_spread: float = 0.5
     scenario: str = "mixed"
@@ -246,6 +248,8 @@ class WorkItem:
     rate: str | None = None
     key_b: str | None = None
     """A pair section's second key (``workers.pair_section`` locks ``key`` and this one)."""
+    countdown: float | None = None
+    """Seconds the call is delayed by (``apply_async(countdown=...)``: an ETA call), or None."""
 
 
 UNRELATED_ITEM: Final = WorkItem("exclusive", "", "", 0, unrelated=True)
@@ -268,10 +272,17 @@ def plan_workload(config: LoadConfig) -> list[WorkItem]:
     preempt lands only on a holder that holds longer than its lease's renewal interval (its
     node is read for break requests from then on; a shorter hold ends as usual): the hot key's
     long holds are where most preempts end a holder. These draws come from their own
-    generator: with both ratios at 0 the plan is the same as without them."""
+    generator: with both ratios at 0 the plan is the same as without them.
+
+    With ``eta_ratio`` a section (any kind, on any key) is an ETA call: sent with a countdown
+    drawn between half of ``eta_countdown`` and all of it, from a generator of its own (the
+    plan is otherwise the same as without it). The worker receives such a message at once and
+    keeps it, unacknowledged, until its ETA and then at its gate while its key is busy: the
+    broker's visibility timeout runs over both."""
     rng = random.Random(config.seed)
     rated = random.Random(config.seed + 1)  # its own draws: the rest of the plan is unchanged
     mixed = random.Random(config.seed + 2)  # pair and preempt sections: their own draws too
+    delayed = random.Random(config.seed + 3)  # ETA calls: their own draws too
     low, high = 1 - config.hold_spread, 1 + config.hold_spread
     sections = []
     mode: Mode
@@ -293,7 +304,12 @@ def plan_workload(config: LoadConfig) -> list[WorkItem]:
             key_b = f"key-{other + (other >= int(key.removeprefix('key-')))}"
         elif mixed.random() < config.preempt_ratio:
             on_busy, rate = "preempt", None
-        sections.append(WorkItem(mode, on_busy, key, hold_ms, rate=rate, key_b=key_b))
+        countdown = None
+        if delayed.random() < config.eta_ratio:
+            countdown = round(delayed.uniform(0.5, 1.0) * config.eta_countdown, 3)
+        sections.append(
+            WorkItem(mode, on_busy, key, hold_ms, rate=rate, key_b=key_b, countdown=countdown)
+        )
     unrelated = config.effective_unrelated()
     if not sections:
         return [UNRELATED_ITEM] * unrelated
@@ -396,15 +412,17 @@ def _send_all(
                         options = {"on_busy": item.on_busy, "timeout": config.wait_timeout}
                         if item.rate is not None:
                             options["rate"] = item.rate  # lock_rate, per call
+                        eta = {} if item.countdown is None else {"countdown": item.countdown}
                         if item.key_b is not None:
                             app.tasks[PAIR_TASK].apply_async(
                                 (run_id, item.key, item.key_b, hold_ms),
                                 task_id=task_id,
                                 zklock=options,
+                                **eta,
                             )
                         else:
                             app.tasks[TASK_FOR_MODE[item.mode]].apply_async(
-                                (run_id, item.key, hold_ms), task_id=task_id, zklock=options
+                                (run_id, item.key, hold_ms), task_id=task_id, zklock=options, **eta
                             )
                     break
                 except Exception as exc:
@@ -818,6 +836,12 @@ def _describe_start(
             if config.pair_ratio or config.preempt_ratio
             else ""
         )
+        + (
+            f"ETA calls {config.eta_ratio:.0%} (countdown {config.eta_countdown / 2:g} to "
+            f"{config.eta_countdown:g} s), "
+            if config.eta_ratio
+            else ""
+        )
         + f"hold {config.hold_ms} ms +-{config.hold_spread:.0%}, "
         f"sent over {config.effective_duration():.0f} s; "
         f"session timeout {run.settings.session_timeout:g} s, visibility timeout "
@@ -1013,6 +1037,11 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
         help=f"share of sections sent with on_busy='preempt' ({d.preempt_ratio})")  # fmt: skip
     add("--pair-ratio", type=_ratio, default=d.pair_ratio,
         help=f"share of sections that lock two keys at once ({d.pair_ratio})")  # fmt: skip
+    add("--eta-ratio", type=_ratio, default=d.eta_ratio,
+        help=f"share of sections sent as ETA calls, with a countdown ({d.eta_ratio})")  # fmt: skip
+    add("--eta-countdown", type=_seconds, default=d.eta_countdown,
+        help="their countdown: drawn between half of it and all of it, s "
+        f"({d.eta_countdown:g})")  # fmt: skip
     add("--hold-ms", type=_positive_int, default=d.hold_ms,
         help=f"time a section holds its lock, +-HOLD_SPREAD ({d.hold_ms})")  # fmt: skip
     add("--hold-spread", type=_ratio, default=d.hold_spread,
@@ -1125,6 +1154,8 @@ def config_from_args(
         rate=args.rate,
         preempt_ratio=args.preempt_ratio,
         pair_ratio=args.pair_ratio,
+        eta_ratio=args.eta_ratio,
+        eta_countdown=args.eta_countdown,
         hold_ms=args.hold_ms,
         hold_spread=args.hold_spread,
         scenario=args.scenario,

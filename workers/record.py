@@ -94,6 +94,11 @@ class SectionEvent:
     held by its own lease clock (:attr:`celery_zklock.Lease.valid_for`).
     ``outcome`` is set on ``exit`` events: ``"ok"``, ``"lost"`` (the body stopped with
     ``LockLost``) or ``"error:<ExceptionType>"``; None in records made before it existed.
+    Every event of a rate-limited section (``lock_rate``) carries ``rate``, the rate it was
+    admitted under in Celery's syntax (``"6/m"``), and ``admitted``, its admission node's
+    ``ctime`` in milliseconds: ZooKeeper's clock (the leader's), the very time the rate limit
+    compares, read by the section from ZooKeeper (None if it could not be read); both are None
+    for a section without a rate and in records made before they existed.
 
     A ``killed`` event means the process ``pid`` on ``hostname`` died: it closes every section
     that process had entered and not exited. An injected kill is recorded at once, so the
@@ -128,6 +133,8 @@ class SectionEvent:
     late: bool = False
     session_timeout: float | None = None
     valid_until: float | None = None
+    rate: str | None = None
+    admitted: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -141,14 +148,14 @@ class SectionEvent:
         return f"{self.task_id}#{self.token}"
 
     def to_json(self) -> str:
-        """Compact JSON; ``outcome``, ``late``, ``session_timeout`` and ``valid_until`` are left
-        out when unset, so older readers still parse it."""
+        """Compact JSON; ``outcome``, ``late``, ``session_timeout``, ``valid_until``, ``rate``
+        and ``admitted`` are left out when unset, so older readers still parse it."""
         data = asdict(self)
         if data["outcome"] is None:
             del data["outcome"]
         if not data["late"]:
             del data["late"]
-        for optional in ("session_timeout", "valid_until"):
+        for optional in ("session_timeout", "valid_until", "rate", "admitted"):
             if data[optional] is None:
                 del data[optional]
         return json.dumps(data, separators=(",", ":"))

@@ -454,6 +454,12 @@ def _tiles(report: RunReport) -> str:
         ("lost", r.lost, "alarm" if r.lost else ""),
         ("dropped by the broker", r.broker_dropped, "warn" if r.broker_dropped else ""),
         ("violations", r.violations, "alarm" if r.violations else ""),
+        ("of them rate", r.rate_violations, "alarm" if r.rate_violations else ""),
+        (
+            "completed twice",
+            r.duplicate_completions,
+            "alarm" if r.duplicate_completions else "",
+        ),
         ("revoked overlaps", r.revoked_overlaps, "warn" if r.revoked_overlaps else ""),
         (
             "stale writes accepted",

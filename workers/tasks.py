@@ -12,6 +12,10 @@ section planted by a fault injector is given a ``release_key``: the hold ends ea
 Redis key exists; and may be given a ``stall_key``: if that key exists once the hold is over,
 the section stops its own process (SIGSTOP) between its ``writing`` event and the write, for the
 ``stall_before_write`` fault (``workers/faults.py``), and sends the write when it runs again.
+A section run under a ``lock_rate`` (the task's, or the call's ``zklock={"rate": ...}``) first
+reads its own admission back from ZooKeeper (:func:`workers.admissions.find_admission`) and
+records, on each of its events, the rate and the admission's ``ctime``: the checker's rate
+check counts admissions on ZooKeeper's clock, not on a worker's.
 
 :data:`UNRELATED_TASK` is the unrelated traffic of the ``hot-key`` scenario: a plain task (no
 lock, no record) that returns at once, whose time from send to result the load test reports.
@@ -33,10 +37,15 @@ import redis
 from celery import Celery
 
 from celery_zklock import LockLost, ZkLockTask
+from celery_zklock.config import settings_of
 from celery_zklock.errors import LossCode
 from celery_zklock.fence import FenceOutcome, RedisFence
 from celery_zklock.locks import MultiLease
+from celery_zklock.locks.rate import parse_rate
+from celery_zklock.options import request_overrides
 from celery_zklock.run import PREEMPTED
+from celery_zklock.session import get_client
+from workers.admissions import find_admission
 from workers.record import PREEMPTED_OUTCOME, Mode, SectionEvent, SectionRecorder
 
 __all__ = [
@@ -97,9 +106,36 @@ def run_section(
     """
     lease = task.lock
     assert not isinstance(lease, MultiLease), "a section locks one key"
+    rate, admitted = _admission(task, lease.node)
     return _run_sections(
-        task, run_id, [(key, lease.token, lease.node)], hold_ms, mode, release_key, stall_key
+        task,
+        run_id,
+        [(key, lease.token, lease.node)],
+        hold_ms,
+        mode,
+        release_key,
+        stall_key,
+        rate=rate,
+        admitted=admitted,
     )
+
+
+def _admission(task: ZkLockTask, node: str) -> tuple[str | None, int | None]:
+    """The rate this run was admitted under (Celery's syntax; None without a ``lock_rate``) and
+    its admission's ``ctime`` in ms (None when the rate limit's nodes could not be read: the
+    checker then counts the section as unchecked). ``node`` is the run's lock node, whose
+    parent is the lock path the rate limit lives under."""
+    overrides = request_overrides(task.request) or {}
+    raw = overrides.get("rate", getattr(task, "lock_rate", None))
+    if raw is None:
+        return None, None
+    request = task.request
+    client = get_client(settings_of(task.app).client)
+    lock_path = node.rsplit("/", 1)[0]
+    found = find_admission(
+        client, lock_path, str(request.id), os.getpid(), int(request.retries or 0)
+    )
+    return str(parse_rate(raw)), found
 
 
 def _run_sections(
@@ -110,10 +146,14 @@ def _run_sections(
     mode: Mode,
     release_key: str | None = None,
     stall_key: str | None = None,
+    *,
+    rate: str | None = None,
+    admitted: int | None = None,
 ) -> dict[str, Any]:
     """One section over the keys of ``held`` (``(key, its token, its node)`` each): every
-    event is recorded once per key, in ``held``'s order, each with that key's token; each key
-    gets its own fenced write (a key's write fenced with its own token)."""
+    event is recorded once per key, in ``held``'s order, each with that key's token (and the
+    run's ``rate`` and ``admitted``, see :func:`_admission`); each key gets its own fenced write
+    (a key's write fenced with its own token)."""
     if hold_ms < 0:
         raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
     client = _record_client(str(task.app.conf[RECORD_URL_SETTING]))
@@ -131,6 +171,8 @@ def _run_sections(
             pid=os.getpid(),
             node=node,
             time=time.time(),
+            rate=rate,
+            admitted=admitted,
         )
         for key, token, node in held
     ]

@@ -20,7 +20,8 @@ from workers.docker_faults import DOCKER_FAULT_KINDS
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_LINE = re.compile(
     r"^zklock-report: tasks=(\d+) ran=\d+ skipped=\d+ failed=\d+ lost=(\d+) violations=(\d+) "
-    r"stale_writes_accepted=(\d+) leftover_nodes=(\d+) broker_dropped=\d+$",
+    r"stale_writes_accepted=(\d+) leftover_nodes=(\d+) broker_dropped=\d+ rate_violations=\d+ "
+    r"duplicate_completions=\d+$",
     re.MULTILINE,
 )
 FAULT_LINE = re.compile(r"^fault (\w+) at [\d:]+: (NOT RUN: )?", re.MULTILINE)

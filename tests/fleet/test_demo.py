@@ -268,7 +268,8 @@ _REPORT_RE = re.compile(
     r"^zklock-report: tasks=(?P<tasks>\d+) ran=(?P<ran>\d+) skipped=(?P<skipped>\d+) "
     r"failed=(?P<failed>\d+) lost=(?P<lost>\d+) violations=(?P<violations>\d+) "
     r"stale_writes_accepted=(?P<stale>\d+) leftover_nodes=(?P<leftover>\d+) "
-    r"broker_dropped=(?P<dropped>\d+)$"
+    r"broker_dropped=(?P<dropped>\d+) rate_violations=(?P<rate>\d+) "
+    r"duplicate_completions=(?P<twice>\d+)$"
 )
 
 

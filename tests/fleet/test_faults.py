@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from celery import Celery
 from celery.utils import worker_direct
 from kazoo.client import KazooClient
 
+from celery_zklock import is_skipped
+from celery_zklock.locks.rate import ADMISSION_PREFIX, RATE_NODE
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.processes import descendants, pid_alive, wait_until
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
@@ -450,6 +452,49 @@ def test_expire_ends_the_holders_task_with_lock_lost(stack: Stack) -> None:
     events = _events(stack, run_id)
     assert [e.outcome for e in events if e.kind == "exit"] == ["lost"]
     assert [e.kind for e in events if e.pid == enter.pid][:2] == ["enter", "expired"]
+
+
+def test_rate_limited_sections_record_their_admission_on_zookeepers_clock(stack: Stack) -> None:
+    """Sections sent with ``zklock={"rate": "2/m"}`` on real workers record the rate and their
+    admission node's ``ctime``, as ZooKeeper has it; the checker counts those: the two admitted
+    pass, and a third admission in the same period (forged from the second) is flagged."""
+    run_id, worker = uuid.uuid4().hex[:10], stack.worker("prefork")
+    key = f"key-{run_id}"
+    section = stack.app.tasks[TASK_FOR_MODE["exclusive"]]
+    values = [
+        section.apply_async(
+            (run_id, key, 10),
+            queue=worker_direct(worker.nodename),
+            zklock={"rate": "2/m", "on_busy": "skip"},
+        ).get(timeout=30)
+        for _ in range(3)  # one after the other: a skip is for the rate, not a busy lock
+    ]
+    assert [is_skipped(v) for v in values] == [False, False, True], values
+    events = _events(stack, run_id)
+    enters = [e for e in events if e.kind == "enter"]
+    assert len(enters) == 2 and {e.rate for e in events} == {"2/m"}, events
+    client = KazooClient(hosts=stack.settings.zk_hosts)
+    client.start(timeout=15)
+    try:
+        rate_path = f"{section.lock_path(key=key)}/{RATE_NODE}"
+        names = [n for n in client.get_children(rate_path) if n.startswith(ADMISSION_PREFIX)]
+        ctimes = sorted(client.get(f"{rate_path}/{name}")[1].ctime for name in names)
+    finally:
+        client.stop()
+        client.close()
+    assert sorted(e.admitted for e in enters) == ctimes  # type: ignore[type-var]
+    report = check_run(submitted={}, outcomes={}, events=events, faults=[], leftover_nodes=0)
+    assert (report.rate_admissions, report.rate_violations, report.unchecked) == (2, 0, 0)
+    second = max(enters, key=lambda e: e.admitted or 0)
+    forged = replace(second, task_id="forged", token=second.token + 1_000_000)
+    report = check_run(
+        submitted={},
+        outcomes={},
+        events=[*events, forged, replace(forged, kind="exit", outcome="ok")],
+        faults=[],
+        leftover_nodes=0,
+    )
+    assert report.rate_violations == 1 and report.violations == 1, report.summary_lines()
 
 
 @pytest.mark.skipif(NETNS_MISSING is not None, reason=f"no network namespaces: {NETNS_MISSING}")

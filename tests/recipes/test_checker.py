@@ -497,7 +497,8 @@ def test_every_task_is_counted_exactly_once() -> None:
     assert not report.ok  # lost tasks and leftover nodes
     assert report.report_line() == (
         "zklock-report: tasks=8 ran=2 skipped=1 failed=2 lost=3 violations=0 "
-        "stale_writes_accepted=0 leftover_nodes=2 broker_dropped=0"
+        "stale_writes_accepted=0 leftover_nodes=2 broker_dropped=0 rate_violations=0 "
+        "duplicate_completions=0"
     )
 
 
@@ -508,7 +509,8 @@ def test_what_went_unchecked_fails_the_verdict_and_shows_in_the_report_line() ->
     assert (report.ran, report.ran_without_section, report.unchecked) == (2, 1, 1)
     assert not report.ok
     assert report.report_line().endswith(
-        "broker_dropped=0 ran_without_section=1 unexplained_open_sections=0 malformed=0"
+        "duplicate_completions=0 ran_without_section=1 unexplained_open_sections=0 malformed=0 "
+        "admissions_unread=0"
     )
     assert report.to_json()["unchecked"] == 1
     # c ended SUCCESS but its section never exited: its end went unchecked.
@@ -518,7 +520,7 @@ def test_what_went_unchecked_fails_the_verdict_and_shows_in_the_report_line() ->
     # An exit without an enter contradicts the protocol.
     report = check([*clean, ev("exit", "d", token=3, outcome="ok")])
     assert len(report.malformed) == 1 and not report.ok
-    assert report.report_line().endswith("malformed=1")
+    assert "malformed=1 " in report.report_line()
     # An open section of a task without a final state is what ``lost`` reports; a section
     # closed by its process's kill is not open: neither is unchecked.
     killed_then_redone = [
@@ -554,7 +556,8 @@ def test_a_task_the_broker_dropped_counts_apart_only_when_the_broker_was_restart
     assert restarted.lost_task_ids == ("started",)
     assert restarted.broker_dropped_task_ids == ("dropped",) and restarted.broker_dropped == 1
     assert restarted.report_line().endswith("lost=1 violations=0 stale_writes_accepted=0 "
-                                            "leftover_nodes=0 broker_dropped=1")  # fmt: skip
+                                            "leftover_nodes=0 broker_dropped=1 rate_violations=0 "
+                                            "duplicate_completions=0")  # fmt: skip
     assert "dropped by the broker across its restarts" in "\n".join(restarted.summary_lines())
     assert restarted.to_json()["broker_dropped"] == 1
     # Without a broker restart nothing excuses a vanished message: it is lost.

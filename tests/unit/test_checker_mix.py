@@ -1,12 +1,15 @@
 """The checker on the issue-36 mix, from hand-built histories: sections a newer ``preempt`` call
 ended (a hand-over only when their exit, or their process's death, came before the newer
 section entered: a preempt excuses no overlap), and sections over two keys (recorded once per
-key, each with that key's token)."""
+key, each with that key's token); on issue 42's: rate-limited sections (at most N admission
+``ctime``s in any ``[t, t + period)`` per key), bodies completed twice for one task id, and ETA
+calls in the plan."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -152,14 +155,14 @@ def test_loss_outcome_tells_a_preempt_from_other_losses() -> None:
 
 
 def pair(
-    task: str, tokens: tuple[int, int], keys: tuple[str, str] = ("a", "b")
+    task: str, tokens: tuple[int, int], keys: tuple[str, str] = ("a", "b"), outcome: str = "ok"
 ) -> list[SectionEvent]:
     """A whole pair section: each event once per key, each key with its own token."""
     pid = {"pid": 500}
     return [
         *(enter(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
         *(write(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
-        *(leave(task, t, k, **pid) for k, t in zip(keys, tokens, strict=True)),
+        *(leave(task, t, k, outcome, **pid) for k, t in zip(keys, tokens, strict=True)),
     ]
 
 
@@ -208,8 +211,11 @@ def test_a_pair_entering_while_a_shared_section_holds_one_key_is_a_violation() -
 
 
 def test_a_pair_run_twice_counts_as_retried_once() -> None:
-    report = check([*pair("p", (2, 3)), *pair("p", (4, 5))], {})
+    # The first attempt lost its locks (a retry is legitimate then); its exits, one per key,
+    # are one body, and the second attempt's body is the one that completed.
+    report = check([*pair("p", (2, 3), outcome="lost"), *pair("p", (4, 5))], {})
     assert report.ok and report.retried == 1 and report.attempts == {"p": 2}
+    assert report.duplicate_completions == 0
 
 
 def test_a_pairs_sections_overlapped_after_its_session_expired_are_revoked_on_each_key() -> None:
@@ -284,3 +290,129 @@ def test_a_pair_item_is_sent_to_the_pair_task_with_both_keys() -> None:
     assert single.sent == [
         (("run", "key-2", 10), {"zklock": {"on_busy": "preempt", "timeout": 20.0}})
     ]
+
+
+# ------------------------------------------------------------------------- rate windows
+
+
+def rated(
+    task: str, token: int, admitted: int | None, key: str = "k", rate: str = "2/s"
+) -> list[SectionEvent]:
+    """A whole rate-limited section admitted at ZooKeeper ``ctime`` ``admitted`` (ms; None: its
+    admission could not be read), one after the other so that no two of them overlap. Every
+    event of the section carries the rate and the admission, as the fleet's sections record."""
+    admission = {"rate": rate, "admitted": admitted, "pid": 700}
+    return [
+        enter(task, token, key, **admission),
+        write(task, token, key, **admission),
+        leave(task, token, key, **admission),
+    ]
+
+
+def test_n_plus_one_admissions_in_one_period_are_a_rate_violation() -> None:
+    # 2/s: admissions at 0, 400 and 999 ms all fall in [0, 1000).
+    report = check([*rated("a", 1, 0), *rated("b", 2, 400), *rated("c", 3, 999)], {})
+    assert report.rate_violations == 1 and report.violations == 1, report.summary_lines()
+    assert not report.ok
+    (overrun,) = report.rate_overruns
+    assert (overrun.key, overrun.rate, overrun.window_start) == ("k", "2/s", 0)
+    assert overrun.holders == ("a#1", "b#2", "c#3")
+    assert " rate_violations=1 " in report.report_line()
+    assert report.to_json()["rate_violations"] == 1
+    summary = "\n".join(report.summary_lines())
+    assert "mutual exclusion: 0 violations" in summary
+    assert "3 admissions in [0, 1000) ms (rate 2/s)" in summary
+
+
+def test_n_admissions_in_every_half_open_period_pass() -> None:
+    # 0 and 400 in [0, 1000); 1000 is the next window's (half-open), so is 1400.
+    report = check(
+        [*rated("a", 1, 0), *rated("b", 2, 400), *rated("c", 3, 1000), *rated("d", 4, 1400)], {}
+    )
+    assert report.ok and report.rate_violations == 0 and report.violations == 0
+    assert report.rate_admissions == 4
+    assert " rate_violations=0 " in report.report_line()
+
+
+def test_each_key_has_its_own_rate_windows() -> None:
+    report = check([*rated("a", 1, 0), *rated("b", 2, 10, key="other"), *rated("c", 3, 20)], {})
+    assert report.ok and report.rate_violations == 0
+
+
+def test_a_rate_limited_section_whose_admission_was_not_read_is_unchecked() -> None:
+    report = check([*rated("a", 1, 0), *rated("b", 2, None)], {})
+    assert report.admissions_unread == 1 and report.unchecked == 1 and not report.ok
+    assert report.report_line().endswith("admissions_unread=1")
+
+
+# --------------------------------------------------------------------- completed twice
+
+
+def test_a_body_completed_twice_for_one_task_id_fails_the_verdict() -> None:
+    # A redelivered copy of a call that ended ran its body again, after the original.
+    report = check([enter("t", 1), leave("t", 1), enter("t", 2), leave("t", 2)], {})
+    assert report.violations == 0 and report.duplicate_completions == 1
+    assert report.completed_twice_task_ids == ("t",) and not report.ok
+    assert report.report_line().endswith(" duplicate_completions=1")
+    assert "bodies completed more than once: 1 (t x2)" in "\n".join(report.summary_lines())
+    # A body that raised on its own ran to its end too: run again, it completed twice.
+    failed = TaskOutcome("f", "FAILURE", reason="ValueError: boom")
+    report = check(
+        [enter("f", 1), leave("f", 1, outcome="error:ValueError"), enter("f", 2), leave("f", 2)],
+        {"f": failed},
+    )
+    assert report.duplicate_completions == 1 and not report.ok
+
+
+def test_a_body_run_again_after_its_lock_was_lost_or_its_process_killed_completed_once() -> None:
+    report = check(
+        [
+            enter("t", 1),
+            leave("t", 1, outcome="lost"),
+            enter("t", 2, pid=300),
+            process_event("killed", 300),
+            enter("t", 3),
+            leave("t", 3),
+        ],
+        {},
+    )
+    assert report.ok and report.duplicate_completions == 0 and report.retried == 1
+    assert report.report_line().endswith(" rate_violations=0 duplicate_completions=0")
+
+
+# ------------------------------------------------------------------------ ETA in the mix
+
+
+def test_the_eta_ratio_at_zero_leaves_the_plan_as_it_was() -> None:
+    base = LoadConfig(tasks=200, keys=6, rate_ratio=0.2, pair_ratio=0.1, preempt_ratio=0.1)
+    plan = plan_workload(base)
+    assert all(item.countdown is None for item in plan)
+    with_eta = plan_workload(LoadConfig(**{**base.__dict__, "eta_ratio": 0.3}))
+    assert [replace(item, countdown=None) for item in with_eta] == plan
+
+
+def test_eta_sections_get_a_countdown_of_half_to_all_of_eta_countdown() -> None:
+    config = LoadConfig(tasks=400, keys=6, scenario="hot-key", eta_ratio=0.25, eta_countdown=4.0)
+    plan = plan_workload(config)
+    delayed = [item for item in plan if item.countdown is not None]
+    assert 60 < len(delayed) < 140
+    assert all(2.0 <= item.countdown <= 4.0 for item in delayed)  # type: ignore[operator]
+    assert not any(item.unrelated for item in delayed)
+    assert any(item.key == HOT_KEY for item in delayed)
+
+
+def test_an_eta_item_is_sent_with_its_countdown() -> None:
+    single, pair_task = Recorder(), Recorder()
+    tasks: dict[str, Any] = {name: single for name in TASK_FOR_MODE.values()}
+    app: Any = SimpleNamespace(tasks={**tasks, PAIR_TASK: pair_task})
+    plan = [
+        WorkItem("exclusive", "wait", "key-1", 10, countdown=3.5),
+        WorkItem("exclusive", "wait", "key-1", 10, key_b="key-2", countdown=2.0),
+        WorkItem("shared", "skip", "key-2", 10),
+    ]
+    progress = _Progress(len(plan))
+    _send_all(app, "run", plan, LoadConfig(tasks=3, duration=0.0), progress,
+              lambda: False, 1, threading.Event())  # fmt: skip
+    assert progress.send_error is None
+    assert [options.get("countdown") for _, options in single.sent] == [3.5, None]
+    assert [options.get("countdown") for _, options in pair_task.sent] == [2.0]
