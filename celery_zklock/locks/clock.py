@@ -58,6 +58,7 @@ import math
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -159,7 +160,8 @@ class LeaseClock:
     (:meth:`confirm`) moves :meth:`valid_until` forward, and when that moment passes unrenewed
     every lease is lost (:attr:`~celery_zklock.errors.LossCode.LEASE_CLOCK`). So is every lease
     of a session that ended (:meth:`session_lost`, :meth:`declare_lost`), and one whose node was
-    broken (:class:`~celery_zklock.locks.breaks.BreakWatches`, read on the renewer's ticks). A
+    broken (:class:`~celery_zklock.locks.breaks.BreakWatches`, read on the renewer's ticks, or
+    at once by :meth:`confirm_held`). A
     loss is recorded on the lease under ``lock`` before the lease leaves the clock, then told
     (log, callbacks) after ``lock`` is let go. The renewer lingers a session timeout after the
     last lease goes, so short tasks do not start a thread each.
@@ -221,6 +223,31 @@ class LeaseClock:
         result = client.sync_async("/")
         wait_result(result, deadline, f"confirming the session with a sync ({client.hosts})")
         self.confirm(sent_at, epoch)
+
+    def confirm_held(self, holds: Iterable[Hold], deadline: Deadline) -> None:
+        """Bring the verdict on ``holds`` up to date, for a caller about to rely on them: a
+        ``sync`` (an answer from the leader, which moves the clock forward) and, sent behind it
+        on the same connection, a read of each node (:meth:`BreakWatches.look_now`), so the
+        reads see at least what the leader had when the sync reached it. One round trip. When
+        this returns, a lease whose node is gone or carries a break request, whose session
+        ended or whose clock ran out counts as lost. Raises what a request failed with (a lost
+        connection, an expired session), ZooKeeperUnavailable past ``deadline``.
+        """
+        client = self._client()
+        epoch, sent_at = self.epoch, time.monotonic()
+        synced = client.sync_async("/")
+        reads = self.breaks.look_now(client, holds)
+        failure: Exception | None = None
+        try:
+            wait_result(synced, deadline, "confirming the session with a sync")
+        except Exception as exc:  # the reads are judged all the same (a failed one re-arms)
+            failure = exc
+        else:
+            self.confirm(sent_at, epoch)
+        self.breaks.judge_now(reads, deadline)
+        if failure is not None:
+            raise failure
+        self.expire_if_due()
 
     def track(self, held: Hold) -> None:
         """Time ``held``: it is declared lost when the clock runs out or its session ends."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Protocol
 
@@ -262,3 +262,9 @@ class Lease:
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"
         return f"<Lease {self.node} token={self.token} {state}>"
+
+
+def holds_of(leases: Iterable[Lease]) -> list[Hold]:
+    """The records behind ``leases``, for a recipe that has their verdict brought up to date
+    (:meth:`LeaseClock.confirm_held <celery_zklock.locks.clock.LeaseClock.confirm_held>`)."""
+    return [lease._hold for lease in leases]

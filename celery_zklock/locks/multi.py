@@ -9,21 +9,46 @@ callers list them in; and the whole acquire has one deadline. Each path is an or
 ``kind`` (a :class:`~celery_zklock.Mutex` by default, so it excludes ``Mutex`` and Curator's
 ``InterProcessMutex`` on that path); a timeout or any failure releases what was taken, and no
 contender node of the attempt is left (each lock's own guarantee).
+
+Why the leases are confirmed before they are handed out: a path taken early is held for as long
+as the later ones are waited for, and it can be lost meanwhile - its session expired (the client
+reconnects under a new session and goes on waiting), the lease clock ran out, or its node was
+deleted (``celery zklock break --force``, an operator) - and then granted to someone else. A
+:class:`~celery_zklock.Lease` learns of a deleted node from its break watch, which the lease
+clock sets only once the lease has been held for a renewal interval and which reports on the
+clock's next tick: a MultiLock that returned as soon as its last path was granted handed out
+leases lost seconds ago, some not even marked lost yet. So once every path is granted, one
+round trip (:meth:`LeaseClock.confirm_held <celery_zklock.locks.clock.LeaseClock.confirm_held>`:
+a ``sync`` and a read of every node behind it, which also sets the break watches) brings each
+lease's verdict up to date; if one was lost, that path and every later one are released and
+taken again in the canonical order (never holding a later path while waiting for an earlier
+one, so still no cycle), within the same deadline.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    SessionExpiredError,
+)
 
-from celery_zklock.errors import LossCode
+from celery_zklock.errors import LossCode, ZooKeeperUnavailable
 from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind
-from celery_zklock.locks.lease import Lease, LostCallback
+from celery_zklock.locks.context import ClientContext, context_for
+from celery_zklock.locks.lease import Lease, LostCallback, holds_of
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.queue import validate_lock_path
+
+logger = logging.getLogger("celery_zklock.locks")
 
 __all__ = ["MultiLease", "MultiLock"]
 
@@ -110,7 +135,11 @@ class MultiLease:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Release; as :class:`~celery_zklock.Lease` does, raise LockLost if a lease was lost
+        while the block ran and no other exception is propagating."""
         self.release()
+        if exc_type is None:
+            self.check()
 
     def __repr__(self) -> str:
         return f"MultiLease({self.tokens!r}, lost={self.lost})"
@@ -126,6 +155,7 @@ class MultiLock:
         if not ordered:
             raise ValueError("a MultiLock needs at least one path")
         self.paths = ordered
+        self._context: ClientContext = context_for(client)
         self._locks = [Mutex(client, path, kind=kind) for path in ordered]
         self._last = self._locks[0]
 
@@ -150,25 +180,69 @@ class MultiLock:
     ) -> MultiLease | None:
         """Take every lock, in the canonical order, within one ``timeout`` (None: no limit).
 
-        Returns the :class:`MultiLease`; None only for a try (``blocking=False``) that found a
-        lock busy. Raises LockTimeout when the deadline passes first, and whatever a lock's
-        acquire raises (ZooKeeperUnavailable...); in every case but a returned lease, what was
-        taken is released first.
+        Returns the :class:`MultiLease`, every one of its leases held when it is returned: once
+        all paths are granted their leases are confirmed (see the module docstring), and a
+        path lost on the way is released with every later one and taken again, in order.
+        None only for a try (``blocking=False``) that found a lock busy (also when taking a
+        lost path again). Raises LockTimeout when the deadline passes first, ZooKeeperUnavailable
+        when ZooKeeper does not answer in time, and whatever a lock's acquire raises; in every
+        case but a returned lease, what was taken is released first and no node of the attempt
+        is left.
         """
         deadline = Deadline(timeout)
         taken: list[Lease] = []
         try:
-            for lock in self._locks:
-                self._last = lock
-                lease = lock.acquire(blocking=blocking, timeout=deadline.remaining(), data=data)
-                if lease is None:
-                    _release_all(taken)
-                    return None
-                taken.append(lease)
+            while True:
+                for lock in self._locks[len(taken) :]:
+                    self._last = lock
+                    lease = lock.acquire(blocking=blocking, timeout=deadline.remaining(), data=data)
+                    if lease is None:
+                        _release_all(taken)
+                        return None
+                    taken.append(lease)
+                lost = self._first_lost(taken, deadline) if len(taken) > 1 else None
+                if lost is None:
+                    return MultiLease(taken)
+                logger.info(
+                    "lock %s was lost while %s was awaited (%s): taking it again",
+                    taken[lost].path,
+                    self._last.path,
+                    taken[lost].lost_reason,
+                )
+                _release_all(taken[lost:])
+                del taken[lost:]
         except BaseException:
             _release_all(taken)
             raise
-        return MultiLease(taken)
+
+    def _first_lost(self, taken: list[Lease], deadline: Deadline) -> int | None:
+        """Confirm the leases of ``taken`` (:meth:`LeaseClock.confirm_held
+        <celery_zklock.locks.clock.LeaseClock.confirm_held>`): the index of the first one lost,
+        or None. Rides out a lost connection (the same session keeps its leases) up to
+        ``deadline``, or a session timeout without ZooKeeper, as a lock's acquire does."""
+        context = self._context
+        remaining = deadline.remaining()
+        io = Deadline(
+            None if remaining is None else max(remaining, context.timing.idle_gap),
+            context.outage(time.monotonic()),
+        )
+        what = f"confirming the locks of {', '.join(self.paths)}"
+        try:
+            while holds := holds_of(lease for lease in taken if not lease.lost):
+                try:
+                    context.clock.confirm_held(holds, io)
+                    break
+                except ConnectionClosedError:
+                    raise
+                except (ConnectionLoss, SessionExpiredError):
+                    # A new session ended the old one's leases (kazoo's LOST and CONNECTED);
+                    # the same session's are confirmed again.
+                    context.await_connected(io, what)
+        except ConnectionClosedError as exc:
+            raise ZooKeeperUnavailable(f"the kazoo client was stopped while {what}") from exc
+        except KazooException as exc:
+            raise ZooKeeperUnavailable(f"ZooKeeper failed a request while {what}: {exc!r}") from exc
+        return next((i for i, lease in enumerate(taken) if lease.lost), None)
 
 
 def _release_all(leases: list[Lease]) -> None:

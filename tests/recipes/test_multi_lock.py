@@ -9,9 +9,10 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from celery_zklock import LockTimeout, MultiLock, Mutex
+from celery_zklock import LockLost, LockTimeout, MultiLock, Mutex
+from celery_zklock.errors import LossCode
 from celery_zklock.locks.multi import MultiLease
-from tests.lockutil import children
+from tests.lockutil import children, expire_session, in_thread, wait_for, watches_by_path
 
 
 @pytest.mark.parametrize("sessions", [12], indirect=True)
@@ -101,3 +102,118 @@ def test_a_lease_has_a_token_per_path_and_one_release(
     taken = Mutex(other_client, paths[1]).acquire(blocking=False)
     assert taken is not None
     taken.release()
+
+
+def _lose_first_path(cause: str, zk_hosts: str, client: KazooClient, path: str) -> None:
+    """End ``client``'s hold on ``path`` from outside: its session expired on the server, or its
+    node deleted (as ``celery zklock break --force`` or an operator would)."""
+    if cause == "expire":
+        expire_session(zk_hosts, client)
+    else:
+        [node] = children(client, path)
+        client.delete(f"{path}/{node}")
+
+
+@pytest.mark.parametrize("cause", ["expire", "delete"])
+@pytest.mark.parametrize("sessions", [3], indirect=True)
+def test_a_path_lost_while_waiting_for_the_next_is_taken_again_in_order(
+    sessions: list[KazooClient], zk_hosts: str, lock_root: str, cause: str
+) -> None:
+    """Holding a and waiting for b, the MultiLock loses a (its session expires, or a's node is
+    deleted) and a rival is granted a; then b frees. The acquire does not return while the
+    rival holds a: it lets b go and queues for a again, and returns once the rival releases,
+    every path held under its current session. Before the fix: ``MultiLease(..., lost=True)``
+    (expire) or a lease not even marked lost (delete), with the rival still holding a."""
+    ours, blocker, rival = sessions
+    a, b = f"{lock_root}/a", f"{lock_root}/b"
+    held_b = Mutex(blocker, b).acquire(timeout=10)
+    lock = MultiLock(ours, [b, a])
+    thread, outcome = in_thread(lambda: lock.acquire(timeout=120))
+    held_a = None
+    try:
+        wait_for(
+            lambda: len(children(blocker, a)) == 1 and len(children(blocker, b)) == 2,
+            what="the MultiLock to hold a and queue for b",
+        )
+        first_session = ours.client_id[0]
+        _lose_first_path(cause, zk_hosts, blocker if cause == "delete" else ours, a)
+        held_a = Mutex(rival, a).acquire(timeout=30)
+        # After an expiry the wait for b starts over under the new session: let it queue
+        # again before b frees, so that b is granted to the MultiLock's wait, not to a try.
+        wait_for(lambda: len(children(blocker, b)) == 2, what="the MultiLock to queue for b")
+        held_b.release()
+        wait_for(
+            lambda: bool(outcome) or (len(children(rival, a)) == 2 and not children(rival, b)),
+            what="the MultiLock to return or to queue for a again",
+        )
+        assert not outcome, f"returned while the rival holds {a}: {outcome}"
+        assert children(rival, b) == []  # nothing after a is held while a is waited for
+        held_a.release()
+        thread.join(60)
+    finally:
+        for held in (held_a, held_b):
+            if held is not None:
+                held.release()
+        thread.join(60)
+    assert "error" not in outcome, repr(outcome)
+    lease = outcome["value"]
+    assert isinstance(lease, MultiLease) and not lease.lost, lease
+    assert held_a is not None and lease.tokens[a] > held_a.token
+    session = ours.client_id[0]
+    assert (session != first_session) == (cause == "expire")
+    for one in lease.leases:
+        stat = ours.exists(one.node)
+        assert stat is not None and stat.ephemeralOwner == session, one
+    lease.release()
+    assert children(rival, a) == [] and children(rival, b) == []
+
+
+def test_a_deleted_path_still_held_elsewhere_at_the_deadline_times_out_and_leaves_nothing(
+    zk_client: KazooClient, other_client: KazooClient, lock_root: str
+) -> None:
+    """As above (a's node deleted, a rival granted a), but the rival keeps a past the deadline:
+    LockTimeout at a, and no node of the attempt left on either path. Before the fix: a lease,
+    not marked lost, while the rival held a."""
+    a, b = f"{lock_root}/a", f"{lock_root}/b"
+    held_b = Mutex(other_client, b).acquire(timeout=10)
+    lock = MultiLock(zk_client, [a, b])
+    thread, outcome = in_thread(lambda: lock.acquire(timeout=10))
+    try:
+        wait_for(
+            lambda: len(children(other_client, a)) == 1 and len(children(other_client, b)) == 2,
+            what="the MultiLock to hold a and queue for b",
+        )
+        _lose_first_path("delete", "", other_client, a)
+        with Mutex(other_client, a).acquire(timeout=30) as held_a:
+            held_b.release()
+            thread.join(60)
+            assert not thread.is_alive()
+            assert isinstance(outcome.get("error"), LockTimeout), repr(outcome)
+            assert lock.path == a  # it timed out waiting for a again
+            assert children(other_client, a) == [held_a.node.rsplit("/", 1)[1]]
+            assert children(other_client, b) == []
+    finally:
+        held_b.release()
+        thread.join(60)
+
+
+def test_a_lease_lost_inside_its_block_raises_lock_lost_at_the_exit(
+    zk_client: KazooClient, other_client: KazooClient, zk_hosts: str, lock_root: str
+) -> None:
+    """Like a Lease's block, a MultiLease's block that ends normally after one of its paths was
+    lost raises LockLost at the exit, and everything is released. The acquire has set the break
+    watch of every path by the time it returns (no clock tick needed to learn of a deletion).
+    Before the fix: no watch yet, and the exit only released."""
+    a, b = f"{lock_root}/a", f"{lock_root}/b"
+    gone = threading.Event()
+    lease = MultiLock(zk_client, [a, b]).acquire(timeout=10)
+    assert lease is not None
+    watches = watches_by_path(zk_hosts)
+    for one in lease.leases:
+        assert zk_client.client_id[0] in [int(s, 16) for s in watches.get(one.node, [])], one
+    with pytest.raises(LockLost, match="deleted by someone else"), lease:
+        lease.on_lost(lambda reason: gone.set())
+        other_client.delete(lease.leases[0].node)
+        assert gone.wait(30), "the deletion was not reported"
+    assert lease.lost_code == LossCode.NODE_DELETED
+    assert children(other_client, a) == [] and children(other_client, b) == []

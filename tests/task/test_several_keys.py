@@ -1,16 +1,18 @@
 """A task that locks several keys at once (``lock_key={"key": ["src", "dst"]}``) on a real
 worker: it excludes the single-key task of the same lock name on each key, two such tasks
-listing the keys in opposite orders do not deadlock, and a key listed twice counts once."""
+listing the keys in opposite orders do not deadlock, a key listed twice counts once, and a key
+lost while the other is waited for is waited for again."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from celery import Celery
+from kazoo.client import KazooClient
 
-from celery_zklock import is_skipped
+from celery_zklock import Mutex, is_skipped
 from celery_zklock.testing.witness import check_witness
-from tests.lockutil import wait_for
+from tests.lockutil import children, wait_for, watches_by_path
 from tests.workerproc import workers
 
 
@@ -57,3 +59,46 @@ def test_a_busy_key_skips_naming_its_holder(taskenv: tuple[Celery, dict[str, str
     report = check_witness(tmp / "witness-y")
     assert report.sections == 1 and report.overlaps == [], report
     assert not (tmp / "witness-x").exists()  # x was let go with y busy: no section ran on it
+
+
+def test_a_key_lost_while_the_other_is_waited_for_is_waited_for_again(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient, zk_hosts: str
+) -> None:
+    """``transfer`` holds key ka and waits for kb; ka's node is deleted (as ``celery zklock break
+    --force`` does) and a rival takes ka; kb frees. The body does not run while the rival holds
+    ka: the run queues for ka again, like a single key whose node goes while it waits, and runs
+    once the rival releases. Before the fix: the body ran beside the rival (the lease not yet
+    known lost) or the run ended ``LockLost`` without its body."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section, transfer
+
+    ka, kb = gated_section.lock_path("ka"), gated_section.lock_path("kb")
+    own_session = zk_client.client_id[0]
+
+    def waits_for_kb(holder: str) -> bool:  # a blocking wait watches the holder; a try does not
+        watchers = watches_by_path(zk_hosts).get(holder, [])
+        return any(int(session, 16) != own_session for session in watchers)
+
+    with workers(app, "threads", 1, env, tmp) as (worker,):
+        held_kb = Mutex(zk_client, kb).acquire(timeout=30)
+        call = transfer.apply_async(("ka", "kb", 0.1), queue=worker.queue)
+        wait_for(lambda: waits_for_kb(held_kb.node), 60, "the transfer to hold ka, wait for kb")
+        [node] = children(zk_client, ka)
+        zk_client.delete(f"{ka}/{node}")
+        held_ka = Mutex(zk_client, ka).acquire(timeout=30)
+        held_kb.release()
+        wait_for(
+            lambda: (
+                call.ready() or (len(children(zk_client, ka)) == 2 and not children(zk_client, kb))
+            ),
+            60,
+            "the transfer to end or to queue for ka again",
+        )
+        assert not call.ready(), call.result
+        assert not (tmp / "witness-ka").exists()  # no body yet
+        held_ka.release()
+        result = call.get(timeout=60)
+    assert result["tokens"][ka] > held_ka.token, result
+    for key in ("ka", "kb"):
+        report = check_witness(tmp / f"witness-{key}")
+        assert report.sections == 1 and report.overlaps == [], (key, report)
