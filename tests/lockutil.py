@@ -49,14 +49,19 @@ WAIT_FLOOR = 30.0
 """Least seconds :func:`wait_for` waits. Its bounds are on events in other processes (a
 worker's log line, a node going), never what a test measures: under load (CI, or two suites
 side by side) a pool respawn or a redelivery takes several times its usual second, and a
-shorter bound only turns that into a failure. A predicate that never comes true still fails."""
+shorter bound only turns that into a failure. A predicate that never comes true still fails.
+
+So a ``wait_for`` bound is never a test's claim: "released at once" written as a 2 s wait would
+pass a release 29 s late. A claim of promptness is asserted by the order of events instead (the
+release's log line before the task's failure line, a node's zxid below another's), with
+``wait_for`` only as the hang guard; durations belong in the benchmarks."""
 
 
 def wait_for(
     predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition"
 ) -> None:
     """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout`` seconds
-    (at least :data:`WAIT_FLOOR`)."""
+    (at least :data:`WAIT_FLOOR`): a hang guard, not a bound the test asserts."""
     timeout = max(timeout, WAIT_FLOOR)
     deadline = time.monotonic() + timeout
     while not predicate():
