@@ -5,14 +5,19 @@ lost while the other is waited for is waited for again."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
+import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from celery_zklock import Mutex, is_skipped
+from celery_zklock import Mutex, ZkLockTask, is_skipped, signals
+from celery_zklock import run as run_module
+from celery_zklock.locks import MultiLease
 from celery_zklock.testing.witness import check_witness
-from tests.lockutil import children, wait_for, watches_by_path
+from tests.lockutil import children, expire_session, wait_for, watches_by_path
 from tests.workerproc import workers
 
 
@@ -102,3 +107,63 @@ def test_a_key_lost_while_the_other_is_waited_for_is_waited_for_again(
     for key in ("ka", "kb"):
         report = check_witness(tmp / f"witness-{key}")
         assert report.sections == 1 and report.overlaps == [], (key, report)
+
+
+def test_keys_lost_after_the_grant_before_the_body_end_the_run_as_one_key_does(
+    zk_hosts: str, zk_client: KazooClient, lock_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two keys granted, then lost before the body starts (the session expired on the server
+    between acquire and the run's look at the lease): as for one key
+    (``test_task_release``), the body does not run on the lost leases, ``lock_on_lost`` applies
+    (``retry``: Celery's eager retry runs it again), and both grants are released."""
+    app = Celery("several-lost", set_as_current=False)
+    app.conf.zklock_hosts = zk_hosts
+    app.conf.zklock_root = lock_root
+    real = run_module.MultiLock
+    lost: list[MultiLease] = []
+
+    class LosesTheFirstGrant:
+        def __init__(self, client: KazooClient, paths: list[str], **kwargs: Any) -> None:
+            self._side, self._client = real(client, paths, **kwargs), client
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._side, name)
+
+        def acquire(self, **kwargs: Any) -> MultiLease | None:
+            lease: MultiLease | None = self._side.acquire(**kwargs)
+            if lease is not None and not lost:
+                lost.append(lease)
+                gone = threading.Event()
+                lease.on_lost(lambda reason: gone.set())
+                expire_session(zk_hosts, self._client)
+                assert gone.wait(30), "the leases were not declared lost"
+            return lease
+
+    monkeypatch.setattr(run_module, "MultiLock", LosesTheFirstGrant)
+    runs: list[tuple[int, dict[str, int]]] = []
+    released: list[object] = []
+
+    @app.task(
+        bind=True, base=ZkLockTask, lock_key={"key": ["src", "dst"]}, lock_on_lost="retry",
+        max_retries=1, lazy=False,
+    )  # fmt: skip
+    def both(self: Any, src: str, dst: str) -> str:
+        runs.append((self.request.retries, dict(self.lock.tokens)))
+        return "ran"
+
+    def on_released(sender: Any, token: object = None, **_: Any) -> None:
+        if sender is both:
+            released.append(token)
+
+    signals.lock_released.connect(on_released, weak=False)
+    try:
+        value = both.apply(("x", "y")).get()
+    finally:
+        signals.lock_released.disconnect(on_released)
+    assert value == "ran"
+    assert [retries for retries, _ in runs] == [1]  # the body never ran on the lost leases
+    assert lost[0].lost and len(lost[0].tokens) == 2
+    first, second = tuple(lost[0].tokens.values()), tuple(runs[0][1].values())
+    assert released == [first, second]  # both grants released
+    for path in runs[0][1]:
+        assert children(zk_client, path) == []
