@@ -94,6 +94,9 @@ RATE_NODE: Final = "rate"
 """The child of a task lock's path that holds its key's rate admissions (``lock_rate``)."""
 ADMISSION_PREFIX: Final = "adm-"
 """Name prefix of an admission node (ZooKeeper appends the sequence number)."""
+TTL_ADMISSION_PREFIX: Final = ADMISSION_PREFIX + "t-"
+"""Name prefix of an admission that is a TTL node (a client cannot tell from its stat: the
+server shows a TTL node's ``ephemeralOwner`` as 0)."""
 DECISION_LOCK: Final = "lock"
 """The child of a rate limit's path under which decisions take their turn."""
 TRY_WAIT: Final = 2.0
@@ -296,17 +299,18 @@ class RateLimit:
         :data:`LISTING_BOUND` past its period); its path, ``ctime`` (ms) and whether it is a
         TTL node."""
         client, what = self.client, f"creating an admission under {self.path}"
-        node = f"{self.path}/{ADMISSION_PREFIX}"
         while True:
             try:
                 if adapter.has_ttl_nodes(client):
                     try:
                         ttl = self.rate.period_ms + round(LISTING_BOUND * 1000)
+                        node = f"{self.path}/{TTL_ADMISSION_PREFIX}"
                         created = adapter.create_ttl_async(client, node, data, ttl, sequential=True)
                         full, stat = wait_result(created, io, what)
                         return client.unchroot(full), int(stat.ctime), True
                     except UnimplementedError:
                         adapter.note_no_ttl_nodes(client)
+                node = f"{self.path}/{ADMISSION_PREFIX}"
                 created = client.create_async(node, data, sequence=True, include_data=True)
                 path, stat = wait_result(created, io, what)
                 return path, int(stat.ctime), False
@@ -342,8 +346,9 @@ class RateLimit:
         (children,) = pipelined(self.client, [("children", self.path)], io)
         paths = [f"{self.path}/{n}" for n in children or () if n.startswith(ADMISSION_PREFIX)]
         answers = pipelined(self.client, [("get", p) for p in paths], io)
+        ttl = f"{self.path}/{TTL_ADMISSION_PREFIX}"
         return [
-            Admission(p, int(a[1].ctime), a[1].ephemeralOwner != 0)
+            Admission(p, int(a[1].ctime), p.startswith(ttl))
             for p, a in zip(paths, answers, strict=True)
             if a is not None
         ]
