@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -24,7 +23,7 @@ from celery_zklock.locks.rate import (
 from celery_zklock.testing.plugin import StackFactory
 from tests.lockutil import children, wait_for
 from tests.recipes import rate_before_42
-from tests.recipes.test_rate_faults import most_in_any_window_ms
+from tests.recipes.test_rate_faults import most_in_any_window_ms, ttl_server
 
 CHECK_INTERVAL = 0.3
 """The test servers' ``znode.container.checkIntervalMs``, in seconds."""
@@ -35,12 +34,6 @@ def idle_bound(period: float, levels: int, ttl: bool) -> float:
     or the TTL's extra, plus one reaper round per level (and one for the admissions)."""
     extra = LISTING_BOUND if ttl else 1.0
     return period + extra + (levels + 1) * CHECK_INTERVAL
-
-
-@pytest.fixture
-def ttl_hosts(zk_stack_factory: StackFactory) -> Iterator[str]:
-    server = zk_stack_factory.server(extra_jvm_flags=("-Dzookeeper.extendedTypesEnabled=true",))
-    yield server.hosts
 
 
 def started(hosts: str) -> KazooClient:
@@ -109,10 +102,13 @@ def test_a_stopped_deciders_admissions_go_with_the_next_decision(
     )
 
 
-def test_an_idle_key_leaves_no_node_where_the_server_has_ttl_nodes(ttl_hosts: str) -> None:
+def test_an_idle_key_leaves_no_node_where_the_server_has_ttl_nodes(
+    zk_stack_factory: StackFactory,
+) -> None:
     """On a server with ``zookeeper.extendedTypesEnabled=true`` admissions are TTL nodes of one
     period plus LISTING_BOUND, and the server removes them with no client left: the deciding
     client is stopped at once (it has no sweep to do)."""
+    ttl_hosts = ttl_server(zk_stack_factory)
     client = started(ttl_hosts)
     key = "/rate-ttl/name/key"
     path = f"{key}/{RATE_NODE}"
@@ -147,11 +143,7 @@ def test_old_and_new_versions_deciding_on_one_key_stay_within_n(
     5 admission ``ctime``s in any ``[t, t + 1 s)``, each version admitted at least once; then a
     last decision of the new version, and the key's nodes (the old version's persistent ones
     too) all go."""
-    hosts = (
-        zk_stack_factory.server(extra_jvm_flags=("-Dzookeeper.extendedTypesEnabled=true",)).hosts
-        if ttl
-        else zk_hosts
-    )
+    hosts = ttl_server(zk_stack_factory) if ttl else zk_hosts
     clients = [started(hosts) for _ in range(4)]
     root = f"/rate-mixed-{ttl}-{time.monotonic_ns()}"
     path = f"{root}/key/{RATE_NODE}"

@@ -7,11 +7,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from kazoo.client import KazooClient
 
 from celery_zklock import RateLimit
+from celery_zklock.locks import rate
 from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.rate import Admission
+from celery_zklock.testing.plugin import StackFactory
 from tests.lockutil import expire_session, in_thread, wait_for
 
 
@@ -84,3 +87,43 @@ def test_a_decision_whose_session_expired_while_stalled_does_not_count(
     # is a node whose ctime is one reported (none unreported, as a stale candidate would be).
     recorded = {round(c * 1000) for c in RateLimit(zk_client, path, "5/s").admissions()}
     assert recorded <= set(admitted), (sorted(recorded), sorted(admitted))
+
+
+def ttl_server(factory: StackFactory) -> str:
+    """The hosts of a server of its own with TTL nodes (``zookeeper.extendedTypesEnabled``)."""
+    return factory.server(extra_jvm_flags=("-Dzookeeper.extendedTypesEnabled=true",)).hosts
+
+
+def test_a_decision_that_lists_after_a_ttl_admission_expired_does_not_count(
+    zk_stack_factory: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TTL admissions are removed by the server, not under the decision lock: a decider that
+    holds its lock but lists later than LISTING_BOUND after its create could miss one that
+    counted at its candidate's ``ctime``. ``1/s``, the bound lowered to 0.2 s: an admission,
+    then a decider creates its candidate (it must be refused) and stalls, its lock still
+    held, until the server removed the admission (its TTL, 1.2 s, passed); then it lists. It
+    must not be admitted on that candidate's ``ctime``."""
+    monkeypatch.setattr(rate, "LISTING_BOUND", 0.2)
+    client = KazooClient(ttl_server(zk_stack_factory), timeout=10)
+    client.start(timeout=15)
+    try:
+        path = "/rate-ttl-stall/key"
+        first = RateLimit(client, path, "1/s")
+        assert first.acquire(blocking=False)
+        admitted = [round(first.admitted_at * 1000)]
+        (node,) = [n for n in client.get_children(path) if n.startswith(rate.ADMISSION_PREFIX)]
+        stalled = StalledRateLimit(client, path, "1/s")
+        thread, outcome = in_thread(lambda: (stalled.acquire(blocking=False), stalled.admitted_at))
+        assert stalled.stalled.wait(30), "the decision never reached its listing"
+        wait_for(lambda: client.exists(f"{path}/{node}") is None, what="the TTL admission to go")
+        stalled.resume.set()
+        thread.join(60)
+        assert not thread.is_alive()
+        assert "error" not in outcome, outcome.get("error")
+        was_admitted, admitted_at = outcome["value"]
+        if was_admitted:
+            admitted.append(round(admitted_at * 1000))
+        assert most_in_any_window_ms(admitted, 1000) <= 1, admitted
+    finally:
+        client.stop()
+        client.close()
