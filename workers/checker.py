@@ -478,7 +478,7 @@ def check_run(
     faults: Sequence[FaultRecord],
     leftover_nodes: int,
     never_delivered: Collection[str] = (),
-    never_received: Collection[str] = (),
+    never_received: Collection[str] | None = None,
     unrelated: Collection[str] = (),
     done_at: Mapping[str, float] | None = None,
     gate: bool | None = None,
@@ -492,10 +492,14 @@ def check_run(
     the znodes left under the lock root after the run; ``never_delivered`` the tasks without a
     final state that never started and whose message is not in the broker (counted as
     ``broker_dropped`` when submitted no later than the end of a ``broker_restart`` fault that
-    ran, else as lost; the load test passes none for a RabbitMQ broker, which has no window
-    that drops a message, so that every task it lost counts as lost); ``never_received`` those
-    of them that no worker's log shows received (counted as ``broker_dropped`` when submitted
-    no later than a fault that killed a worker's main process, else as lost); ``unrelated`` the
+    ran and not received by a worker, else as lost; the load test passes none for a RabbitMQ
+    broker, which has no window that drops a message, so that every task it lost counts as
+    lost); ``never_received`` those of them that no worker's log shows received (counted as
+    ``broker_dropped`` when submitted no later than a fault that killed a worker's main
+    process, else as lost), or None when the workers' logs are not at hand (an external fleet:
+    a broker restart then excuses every such task, and a consumer's death none); a task a
+    worker received and that is then gone was lost by the worker, whatever the faults before
+    it; ``unrelated`` the
     submitted tasks of no lock (they run no section), ``done_at`` when each task's result was
     stored (``date_done``), for their latency; ``gate`` and ``gate_held_max`` are carried into
     the report as given.
@@ -544,15 +548,19 @@ def check_run(
     consumers_killed = max(
         (f.time for f in faults if f.ran and _killed_a_consumer(f)), default=None
     )
+    unreceived = set(never_delivered if never_received is None else never_received)
     dropped = tuple(
         t
         for t in tally.lost
-        if (restarts_end is not None and t in never_delivered and submitted[t] <= restarts_end)
-        or (
-            consumers_killed is not None
-            and t in never_received
-            and t in never_delivered
-            and submitted[t] <= consumers_killed
+        if t in never_delivered
+        and t in unreceived
+        and (
+            (restarts_end is not None and submitted[t] <= restarts_end)
+            or (
+                never_received is not None
+                and consumers_killed is not None
+                and submitted[t] <= consumers_killed
+            )
         )
     )
     tally.lost = [t for t in tally.lost if t not in dropped]

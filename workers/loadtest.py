@@ -974,12 +974,16 @@ def _never_delivered(run: _Run, unsettled: Sequence[str], say: Callable[[str], N
     return never_started - set(view.places)
 
 
-def _never_received(run: _Run, unsettled: Sequence[str], say: Callable[[str], None]) -> set[str]:
+def _never_received(
+    run: _Run, unsettled: Sequence[str], say: Callable[[str], None]
+) -> set[str] | None:
     """Of the tasks without a final state, those that no worker of a local fleet logged as
     received (``Task NAME[ID] received``: a worker took the message from the broker and
-    recorded it as delivered); empty for an external fleet, whose logs are not here. Says, for
+    recorded it as delivered); None for an external fleet, whose logs are not here. Says, for
     each received one, which worker logged it."""
-    if not unsettled or run.fleet is None:
+    if run.fleet is None:
+        return None
+    if not unsettled:
         return set()
     logs = {w.label: w.log_text() if w.log_path.exists() else "" for w in run.fleet}
     received = set()

@@ -633,6 +633,33 @@ def test_a_message_no_worker_received_counts_as_dropped_only_across_a_consumers_
         assert run(fault).lost_task_ids == ("popped", "received", "later"), fault
 
 
+def test_a_message_a_worker_received_is_lost_whatever_broker_restart_came_before() -> None:
+    # Both submitted before a broker restart ended, both never started and gone; "received" was
+    # then received by a worker (its log says so, after the restart: kombu recorded it as
+    # delivered, on a broker that keeps what it acknowledged), so the restart did not drop it:
+    # the worker lost it. Without worker logs (an external fleet) nothing tells them apart.
+    events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
+    submitted = {"ran": 0.0, "popped": 5.0, "received": 5.0}
+    restart = FaultRecord("broker_restart", 6.0, "broker", True, "down 0.1 s", ended=6.1)
+
+    def run(never_received: set[str] | None) -> RunReport:
+        return check_run(
+            submitted=submitted,
+            outcomes={"ran": TaskOutcome("ran", "SUCCESS")},
+            events=events,
+            faults=[restart],
+            leftover_nodes=0,
+            never_delivered={"popped", "received"},
+            never_received=never_received,
+        )
+
+    report = run({"popped"})
+    assert report.broker_dropped_task_ids == ("popped",)
+    assert report.lost_task_ids == ("received",) and not report.ok
+    unknown = run(None)
+    assert unknown.broker_dropped_task_ids == ("popped", "received") and unknown.lost == 0
+
+
 def test_unrelated_tasks_count_as_tasks_and_report_their_latency() -> None:
     events = section("a", 1)
     submitted = {"a": 0.0, **{f"u{i}": float(i) for i in range(100)}}
