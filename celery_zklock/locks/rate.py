@@ -1,68 +1,79 @@
 """A fleet-wide rate limit on ZooKeeper's clock: at most ``N`` admissions per period, per path.
 
 :class:`RateLimit` keeps one sequential node per admission under its path
-(``<path>/adm-<seq>``, the caller's data in it) and decides each new one under a short
-:class:`~celery_zklock.Mutex` (``<path>/lock``), so decisions are made one at a time:
+(``<path>/adm-<seq>``, or ``<path>/adm-t-<seq>`` for a TTL node; the caller's data in it) and
+decides each new one under a short :class:`~celery_zklock.Mutex` (``<path>/lock``), so
+decisions are made one at a time:
 
 1. create the candidate node: its ``ctime`` is *now*, stamped by the ZooKeeper leader;
 2. read the other admissions' ``ctime``;
-3. check that the decision lock is still held (its :class:`~celery_zklock.Lease` is not lost):
-   else the listing may have missed admissions that another decider, granted the lock since,
-   deleted as old by *its* later clock. The decision is then void: the candidate is deleted and
-   the decision is made again under a new lock (the race this step closes: a decider stalled
-   between 1 and 2 while its session expired, listing long after its candidate's ``ctime``);
+3. check that the decision lock is still held (its :class:`~celery_zklock.Lease` is not lost)
+   and that the listing came within :data:`LISTING_BOUND` of sending the create. Else the
+   decision is void: the candidate is deleted and the decision is made again under a new lock.
+   The races this closes: a decider stalled between 1 and 2 whose session expired meanwhile
+   lists long after its candidate's ``ctime``, after another decider, granted the lock since,
+   deleted admissions of its window as old by *its* later clock; and a decider that kept its
+   lock but listed late could miss a TTL admission of its window that the server removed
+   meanwhile (TTL nodes go without the lock);
 4. admissions of ``ctime <= now - period`` are deleted; fewer than ``N`` left: admitted (the node
    stays, and counts for a period); else the node is deleted and the answer is no, with the
    time the window next admits one (from the admissions' ``ctime``).
 
-**The guarantee**: at most ``N`` admission ``ctime``\\ s in any half-open window
+**The guarantee**: at most ``N`` admission ``ctime`` values in any half-open window
 ``[t, t + period)``, whatever the clients' clocks say, as every time compared is a ``ctime``
-written by the leader. Why: every decision is taken on a listing made under the lock, after all
-earlier decisions' listings, and counts every admission of ``ctime > now - period``; a deletion
-removes only nodes old for a ``now`` no later than any later decision's (a decider's own
-candidate, or its decision lock node for a sweep, was created before any later decider's).
+written by the leader. Why: a decision counts only if it listed under its lock, so after every
+earlier decision's listing; it counts every admission of ``ctime > now - period``, and none of
+those can be gone yet: a deletion under the lock removes only nodes old for a ``now`` no later
+than any later decision's (the decider's own candidate, or for a sweep its lock node, was
+created before any later decider's), and a TTL node outlives its period by
+:data:`LISTING_BOUND`, longer than any counted decision takes from create to listing.
 
 **Where admissions go** (a key that stops being used leaves no node):
 
 - *TTL nodes*: where the server enables them (``zookeeper.extendedTypesEnabled=true``) each
-  admission is a TTL node of one period: the server deletes it between one period and one
-  period plus ``znode.container.checkIntervalMs`` (ZooKeeper's default 60 s) after its
-  ``ctime``, whether or not any client is left.
+  admission is a TTL node of ``period + LISTING_BOUND``: the server deletes it at its first
+  container check (``znode.container.checkIntervalMs``, ZooKeeper's default 60 s) after that,
+  whether or not any client is left.
 - *Elsewhere* (ZooKeeper's default): admissions are persistent, and removed by the next decision
   on the key, or by a *sweep*: after every decision that leaves persistent admissions, the
-  deciding process removes them once old, within :data:`SWEEP_MARGIN` of the newest one's
-  period (a thread per client, while there is something to sweep; under the decision lock, as
-  a decision). A process that stops its client (or dies) before its sweeps leaves them to the
-  next decision on the key.
+  deciding process removes them once old, :data:`SWEEP_MARGIN` after the newest one's period
+  (a thread per client while it has sweeps to do; under the decision lock, like a decision;
+  tried again every :data:`SWEEP_RETRY` while ZooKeeper is unreachable or the lock busy). A
+  process that stops its client (or dies) first leaves them to the next decision on the key.
 - The decision lock (``<path>/lock``) and ``<path>`` are containers, as every lock's parents:
   once the admissions are gone the server reaps them, and then the parents above that became
-  empty, one level per ``checkIntervalMs``.
+  empty, one level per container check.
 
-So an idle key's nodes are all gone within ``period + SWEEP_MARGIN + (levels + 1) x
-checkIntervalMs`` of its last admission (``levels``: the containers that become empty; no
-sweep margin with TTL nodes), as long as its last decider's client stays open on a server
-without TTL nodes.
+So an idle key's nodes are all gone within ``period + E + (levels + 1) x checkIntervalMs`` of
+its last admission's ``ctime``, where ``E`` is :data:`LISTING_BOUND` with TTL nodes and
+:data:`SWEEP_MARGIN` (plus the sweep's own time) without, and ``levels`` counts the containers
+that become empty (the decision lock, ``<path>``, and the parents above it that nothing else
+keeps). Without TTL nodes that bound needs the last decider's client to stay open.
 
 Edges, stated plainly:
 
 - *What counts*: an admission is counted when ``acquire`` returns True (``admit`` returns None),
   whatever the caller then does with it; it is never given back.
 - *A crash*, or a candidate whose create or delete ZooKeeper did not answer, leaves a node that
-  counts as an admission (the limit holds; one slot is lost for one period), removed as above.
+  counts as an admission (the limit holds; one slot is lost for one period), removed as above
+  (a decision that failed so schedules a sweep).
 - *ZooKeeper unreachable*: ``acquire`` raises :class:`~celery_zklock.ZooKeeperUnavailable`;
   nothing is admitted without ZooKeeper's answer.
-- *The leader's clock*: ``ctime`` is the leader's wall clock. A jump *forward* by ``J`` ages
-  every admission by ``J`` at once: the statement on ``ctime``\\ s holds, but up to ``2N`` may be
-  admitted within one real period around the jump, and TTL expiries and sweeps remove admissions
-  ``J`` early. A jump *backward* by ``J`` never admits more within a real period (admissions
-  stamped "in the future" count as recent until the clock passes them: the key admits fewer for
-  up to ``J``), but new ``ctime``\\ s then fall among older ones, so up to ``2N`` ``ctime``\\ s can
-  share one window of clock readings. A leader change between servers whose clocks disagree is
-  such a jump (keep the ensemble's clocks in NTP sync, as ZooKeeper itself asks).
-- *Older versions* (before TTL nodes, sweeps and the check of step 3) decide on the same
-  nodes under the same lock: their persistent admissions are counted, swept and deleted like
-  any other, and their decisions count TTL admissions; during a deploy the limit holds except
-  for the stale decision of step 3 that an old process may still take.
+- *A jump of the leader's clock* (``ctime`` is the leader's wall clock; a leader change between
+  servers whose clocks disagree is one too: keep the ensemble in NTP sync, as ZooKeeper asks).
+  *Forward* by ``J``: every admission ages ``J`` at once, so up to ``2N`` are admitted within
+  one real period around the jump (``N`` before it, ``N`` after); TTL expiries and sweeps come
+  ``J`` early; the statement on ``ctime`` values holds, except that with TTL nodes a decision
+  whose create came before the jump and its listing after may miss a TTL admission removed
+  early, and admit one more. *Backward* by ``J``: never more within a real period (admissions
+  stamped "in the future" count as recent until the clock passes them, so the key admits
+  fewer for up to ``J``), but new ``ctime`` values then fall among older ones, so up to ``2N``
+  ``ctime`` values can share one window of clock readings.
+- *Older versions* (before issue 42: persistent admissions, no step 3, no sweeps) decide on the
+  same nodes under the same lock, and count every ``adm-`` child, TTL ones included; their
+  persistent admissions are counted, deleted when old and swept by this version's processes.
+  During a deploy the limit holds except for the void decisions of step 3 that an old process
+  may still count.
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ CHECK_INTERVAL = 0.3
 
 def idle_bound(period: float, levels: int, ttl: bool) -> float:
     """The module docstring's bound on an idle key's nodes: the period, plus the sweep margin
-    or the TTL's extra, plus one reaper round per level (and one for the admissions)."""
+    or the TTL's extra, plus one reaper round for the admissions and one per container level
+    (the decision lock's included). Only a hang guard here: ``wait_for`` waits at least its
+    floor, as a loaded machine may be slower than the bound (the bound is ZooKeeper's)."""
     extra = LISTING_BOUND if ttl else 1.0
     return period + extra + (levels + 1) * CHECK_INTERVAL
 
@@ -70,7 +72,7 @@ def test_an_idle_key_leaves_no_node_where_the_server_has_no_ttl_nodes(
     assert f"{key}/{RATE_NODE}" in Sweeper.of(zk_client).pending()
     wait_for(
         lambda: zk_client.exists(f"{lock_root}/name") is None,
-        idle_bound(1.0, levels=3, ttl=False),
+        idle_bound(1.0, levels=4, ttl=False),
         "the idle key's nodes to go",
     )
     assert Sweeper.of(zk_client).pending() == {}
@@ -97,7 +99,7 @@ def test_a_stopped_deciders_admissions_go_with_the_next_decision(
     assert round(made_at * 1000) not in left, (made_at, left)
     wait_for(
         lambda: zk_client.exists(f"{lock_root}/key") is None,
-        idle_bound(1.0, levels=2, ttl=False),
+        idle_bound(1.0, levels=3, ttl=False),
         "the idle key's nodes to go",
     )
 
@@ -126,7 +128,7 @@ def test_an_idle_key_leaves_no_node_where_the_server_has_ttl_nodes(
     try:
         wait_for(
             lambda: watcher.exists("/rate-ttl") is None,
-            idle_bound(1.0, levels=4, ttl=True),
+            idle_bound(1.0, levels=5, ttl=True),
             "the idle key's nodes to go",
         )
     finally:
@@ -180,7 +182,7 @@ def test_old_and_new_versions_deciding_on_one_key_stay_within_n(
         RateLimit(clients[0], path, "5/s").acquire(blocking=False)
         wait_for(
             lambda: clients[0].exists(root) is None,
-            idle_bound(1.0, levels=3, ttl=ttl),
+            idle_bound(1.0, levels=4, ttl=ttl),
             "the mixed key's nodes to go",
         )
     finally:
