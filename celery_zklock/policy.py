@@ -1,7 +1,7 @@
 """What a locked run does when it cannot simply run: one table for every situation and policy.
 
 A run that does not get, or does not keep, its lock (or, with ``lock_rate``, its admission) is
-in one of five situations, and the task's options name a policy for each:
+in one of six situations, and the task's options name a policy for each but ``superseded``:
 
 ============  ==============  =======================================================
 situation     policy option   policies
@@ -9,6 +9,8 @@ situation     policy option   policies
 busy          lock_on_busy    skip, wait, retry (LockBusy), raise (LockBusy), preempt (a wait
                               after asking the holders to end)
 rate          lock_on_busy    skip, wait, retry (RateLimited), raise (RateLimited)
+superseded    (none)          skip: a ``preempt`` call met a newer call of its task in the
+                              lock's queue (see :mod:`celery_zklock.generation`)
 timeout       lock_on_timeout skip, retry (LockTimeout), raise (LockTimeout)
 lost          lock_on_lost    retry (LockLost), raise (LockLost)
 unavailable   (none)          retry (ZooKeeperUnavailable); raise outside a worker
@@ -38,7 +40,7 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 
-Situation = Literal["busy", "rate", "timeout", "lost", "unavailable"]
+Situation = Literal["busy", "rate", "superseded", "timeout", "lost", "unavailable"]
 Action = Literal["skip", "wait", "retry", "raise"]
 
 SKIP_MARKER: Final = "__zklock_skipped__"
@@ -63,6 +65,7 @@ TABLE: Final[Mapping[tuple[Situation, str], Verdict]] = MappingProxyType(
         ("rate", "wait"): Verdict("wait"),
         ("rate", "retry"): Verdict("retry", RateLimited),
         ("rate", "raise"): Verdict("raise", RateLimited),
+        ("superseded", "skip"): Verdict("skip"),
         ("timeout", "skip"): Verdict("skip"),
         ("timeout", "retry"): Verdict("retry", LockTimeout),
         ("timeout", "raise"): Verdict("raise", LockTimeout),

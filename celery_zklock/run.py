@@ -36,6 +36,8 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.events import emit
+from celery_zklock.generation import is_newer
+from celery_zklock.generation import of_run as generation_of_run
 from celery_zklock.holders import request_break
 from celery_zklock.interrupt import STOPPING, Interruption, arm
 from celery_zklock.locks import Lease, MultiLease, MultiLock, Mutex, Semaphore
@@ -89,6 +91,7 @@ class LockedRun:
         self.paths = spec.paths(self.settings.root, args, kwargs)
         self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
         self.task_id = request.id
+        self.generation = generation_of_run(request)  # see celery_zklock.generation
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: Held | None = None
         self.started = time.monotonic()
@@ -224,7 +227,7 @@ class LockedRun:
 
     def _acquire_by_policy(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         task, request = self.task, self.request
-        identity = node_identity(task, request)
+        identity = node_identity(task, request, self.generation)
         retries = request.retries or 0
         # A message handed out again may be a copy of a run that already finished.
         settled = not (request.delivery_info or {}).get("redelivered")
@@ -266,6 +269,8 @@ class LockedRun:
         if own:
             policy = "wait"  # our own previous attempt is finishing its release
             self._log("own-retry-waits", self.path, holder=self.task_id)
+        elif policy == "preempt" and (newer := self._newer_call(queue)) is not None:
+            return self._superseded(newer)
         holder = delivery.blocker(queue, side.kind)
         holder_id = holder.task_id if holder is not None else None
         emit(self.task, "busy", self.path, task_id=self.task_id, policy=policy, holder=holder_id)
@@ -295,17 +300,51 @@ class LockedRun:
                 holder_id,
             )
 
+    def _newer_call(self, queue: list[Contender]) -> Contender | None:
+        """``preempt``: the first node in ``queue`` of a newer call of this task (its
+        generation above ours, see :mod:`celery_zklock.generation`), holding or waiting."""
+        for contender in queue:
+            found = contender.identity
+            if (
+                found is not None
+                and found.task == self.task.name
+                and found.task_id != self.task_id
+                and is_newer(found.generation, self.generation)
+            ):
+                return contender
+        return None
+
+    def _superseded(self, newer: Contender) -> Any:
+        """``preempt`` meets a newer call of this task in the queue: it runs after (or
+        instead of) this one, so this one is skipped (reason ``superseded``), never run after
+        it and never preempting it (a preempted run's retry would preempt back: issue 42)."""
+        emit(self.task, "busy", self.path, task_id=self.task_id, policy="skip",
+             holder=newer.task_id)  # fmt: skip
+        return self._apply(
+            "superseded",
+            "skip",
+            f"task {self.task.name!r}: a newer call {newer.task_id} of lock {self.path} is "
+            "queued or running",
+            newer.task_id,
+        )
+
     def _preempt(self, client: KazooClient, queue: list[Contender]) -> None:
-        """``preempt``: ask every holder ahead of us to end, as ``celery zklock break`` does:
-        each holder's body is interrupted and ends ``LockLost`` naming this task, its node goes,
-        and only then is this run granted (its wait follows). Holders that are not task runs
-        (or paused) are waited for, up to ``lock_timeout``."""
+        """``preempt``: ask every holder ahead of us of an older call (a lower generation, or
+        none: see :mod:`celery_zklock.generation`) to end, as ``celery zklock break`` does: each
+        such holder's body is interrupted and ends ``LockLost`` naming this task, its node goes,
+        and only then is this run granted (its wait follows). Holders of a call not older than
+        ours (another task's), not task runs, or paused, are waited for, up to ``lock_timeout``:
+        a call never preempts a newer one, so two calls never preempt each other in turn."""
         limit = self.options.lock_kind.limit
         first_writer = next((i for i, c in enumerate(queue) if c.kind == "write"), len(queue))
         holding = queue[:limit] if limit else queue[: max(first_writer, 1)]
         by = f"task {self.task.name}[{self.task_id}]"
         for holder in holding:
             if holder.task_id == self.task_id:
+                continue
+            theirs = None if holder.identity is None else holder.identity.generation
+            if not is_newer(self.generation, theirs):
+                self._log("preempt", self.path, holder=holder.task_id, outcome="not-older")
                 continue
             outcome = request_break(client, f"{self.path}/{holder.name}", by, PREEMPTED)
             self._log("preempt", self.path, holder=holder.task_id, outcome=outcome.status)
@@ -327,7 +366,7 @@ class LockedRun:
         rate = self.options.rate
         assert rate is not None
         limit = RateLimit(client, f"{self.path}/{RATE_NODE}", rate)
-        identity = node_identity(self.task, self.request)
+        identity = node_identity(self.task, self.request, self.generation)
         try:
             opens_in = limit.admit(identity)
             count_rate(self.task.name, opens_in is None)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from celery import Task, uuid
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 
-from celery_zklock import holders
+from celery_zklock import generation, holders
 from celery_zklock import metrics as _metrics  # noqa: F401  (connects its signal receivers)
 from celery_zklock.config import settings_of
 from celery_zklock.dedupe import enqueue_once
@@ -105,11 +106,11 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     # -- sending -------------------------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
-        """Celery's ``apply_async``, plus ``zklock={...}``: validated here, in the caller, and
-        carried in the message headers; with ``lock_dedupe``, sent only if no earlier message
-        of the key counts (else that message's ``AsyncResult``)."""
+        """Celery's ``apply_async``, plus ``zklock={...}`` (validated here, in the caller) and
+        the call's generation, carried in the message headers; with ``lock_dedupe``, sent only
+        if no earlier message of the key counts (else that message's ``AsyncResult``)."""
         resend = options.pop(_RESEND, False)
-        call = self._carry_call_options(options)
+        call = self._carry_call_options(options, None if resend else generation.next_generation())
         if call.dedupe is None:
             return super().apply_async(args, kwargs, *rest, **options)
         options.update(zip(_APPLY_ASYNC_POSITIONAL, rest, strict=False))  # by name
@@ -121,27 +122,25 @@ class ZkLockTask(Task):  # type: ignore[misc]
     def apply(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
         """Celery's ``apply`` (run here, now), with the same ``zklock={...}`` option."""
         options.pop(_RESEND, None)  # an eager retry runs its signature with apply
-        self._carry_call_options(options)
+        self._carry_call_options(options, generation.next_generation())
         return super().apply(args, kwargs, *rest, **options)
 
-    def _carry_call_options(self, options: dict[str, Any]) -> LockOptions:
+    def _carry_call_options(self, options: dict[str, Any], new: int | None) -> LockOptions:
         call = self._zklock_compile(self.name).for_call(overrides := options.pop(CALL_OPTION, None))
-        if overrides is not None:
-            options["headers"] = {**(options.get("headers") or {}), CALL_OPTION: dict(overrides)}
+        options["headers"] = _message_headers(options.get("headers"), overrides, new)
         return call
 
     def signature_from_request(
         self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
         """Celery's ``signature_from_request`` (``self.retry()``, the re-send after a lost
-        worker), keeping ``zklock`` (a worker's request holds it as an attribute, not a header);
-        its ``apply_async`` re-sends the request's own message, which dedupe never drops."""
+        worker), keeping ``zklock`` and the generation (request attributes in a worker, not
+        headers); its ``apply_async`` re-sends the request's own message (dedupe never drops)."""
         signature = super().signature_from_request(request, args, kwargs, **options)
         signature.options[_RESEND] = True
-        overrides = request_overrides(self.request if request is None else request)
-        if overrides is not None:
-            headers = signature.options.get("headers") or {}
-            signature.options["headers"] = {**headers, CALL_OPTION: dict(overrides)}
+        request = self.request if request is None else request
+        kept = (request_overrides(request), generation.of_request(request))
+        signature.options["headers"] = _message_headers(signature.options.get("headers"), *kept)
         return signature
 
     # -- running -------------------------------------------------------------------------
@@ -166,6 +165,20 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Who holds the lock a call with these arguments takes, or None; the first holder
         of a shared lock (all of them: :func:`celery_zklock.holders.lock_holders`)."""
         return holders.lock_holder(self, args, kwargs)
+
+
+def _message_headers(
+    headers: Mapping[str, Any] | None, overrides: Mapping[str, Any] | None, new: int | None
+) -> dict[str, Any]:
+    """A locked call's message headers: ``headers``, its ``zklock`` ``overrides`` if any, and a
+    generation: the one ``headers`` carry already (a re-send, or the caller's own), else ``new``
+    (None for a re-send of a message that had none: see celery_zklock.generation)."""
+    carried = dict(headers or {})
+    if overrides is not None:
+        carried[CALL_OPTION] = dict(overrides)
+    if new is not None:
+        carried.setdefault(generation.GENERATION_HEADER, new)
+    return carried
 
 
 def has_locked_tasks(app: Any) -> bool:

@@ -1,11 +1,14 @@
 """A contender node's data: the identity of the run that made it, and a break request.
 
 Every node a ``ZkLockTask`` run creates stores the run's identity as one JSON object
-(:func:`identity`: ``task_id``, ``task``, ``retries``, ``worker``, ``pid``), which duplicate
-delivery, ``task.lock_holder(...)`` and the ``celery zklock`` commands read back
-(:func:`parse_identity`). The bytes are fixed: workers of several versions share one lock during
-a rolling deploy, and Curator contenders store other data (their IP address) in the same queue,
-which parses as a foreign :class:`Identity` (``ours`` False).
+(:func:`identity`: ``task_id``, ``task``, ``retries``, the call's ``generation`` when it has one,
+``worker``, ``pid``), which duplicate delivery, ``preempt``, ``task.lock_holder(...)`` and the
+``celery zklock`` commands read back (:func:`parse_identity`). The bytes are fixed: workers of
+several versions share one lock during a rolling deploy, and Curator contenders store other
+data (their IP address) in the same queue, which parses as a foreign :class:`Identity` (``ours``
+False). Fields are only ever added: a reader finds a field of a newer version ignored, and one
+an older version did not write missing (``generation`` None: such a holder counts as older
+than any call, see :mod:`celery_zklock.generation`).
 
 A **break request** (:func:`with_break_request`, :func:`break_reason`): an operator asks a stuck
 holder to let go by writing ``{"broken": {"by", "at", "reason"}}`` into the holder's own node
@@ -31,9 +34,10 @@ from typing import Any, Final
 BREAK_FIELD: Final = "broken"
 
 
-def identity(task: Any, request: Any = None) -> bytes:
+def identity(task: Any, request: Any = None, generation: int | None = None) -> bytes:
     """What a run stores in its contender node: who it is, as JSON (also for operators);
-    ``request`` is the run's (default ``task.request``)."""
+    ``request`` is the run's (default ``task.request``), ``generation`` its call's (left out
+    when None)."""
     request = task.request if request is None else request
     # The text json.dumps(..., separators=(",", ":")) gives, built by hand: once per run, with
     # the parts a task and a worker process keep from run to run built once.
@@ -45,7 +49,10 @@ def identity(task: Any, request: Any = None) -> bytes:
             f',"worker":{_json(request.hostname or socket.gethostname())},"pid":{os.getpid()}}}',
         )
     middle, end = middle_and_end
-    return f'{{"task_id":{_json(request.id)}{middle}{int(request.retries or 0)}{end}'.encode()
+    retries = int(request.retries or 0)
+    if generation is not None:
+        end = f',"generation":{int(generation)}{end}'
+    return f'{{"task_id":{_json(request.id)}{middle}{retries}{end}'.encode()
 
 
 _identity_parts: dict[tuple[Any, Any], tuple[str, str]] = {}
@@ -64,6 +71,8 @@ class Identity:
     ``ours`` is False for data that is not a JSON object (a Curator contender stores its IP
     address): such a holder is named by its node only, and cannot hear a break request.
     ``broken`` is the break request written into the node, if any (``by``, ``at``, ``reason``).
+    ``generation`` is the call's (:mod:`celery_zklock.generation`), None when the node has none
+    (an older version's run, a holder that is not a task run).
     """
 
     task_id: str | None = None
@@ -73,6 +82,7 @@ class Identity:
     retries: int = 0
     broken: Mapping[str, Any] | None = None
     ours: bool = True
+    generation: int | None = None
 
 
 def node_object(data: bytes | None) -> dict[str, Any] | None:
@@ -110,6 +120,7 @@ def parse_identity(data: bytes | None) -> Identity:
         pid=integer("pid"),
         retries=integer("retries") or 0,
         broken=broken if isinstance(broken, Mapping) else None,
+        generation=integer("generation"),
     )
 
 

@@ -1,17 +1,25 @@
 """``lock_on_busy="preempt"`` on a real prefork worker: the newest call wins, and the older
-body has exited before the newer one enters."""
+body has exited before the newer one enters; a preempted run's retry never preempts back (the
+calls' generations, :mod:`celery_zklock.generation`), also beside a holder or a retry of a
+version that wrote no generation."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
+from kazoo.client import KazooClient
 
-from celery_zklock import LockLost
+from celery_zklock import LockLost, Mutex, is_skipped
+from celery_zklock.errors import LossCode
+from celery_zklock.locks.identity import parse_identity
 from celery_zklock.testing.witness import check_witness
-from tests.lockutil import wait_for
+from tests.lockutil import children, wait_for
 from tests.workerproc import workers
 
 
@@ -35,3 +43,96 @@ def test_a_newer_call_ends_the_holder_first(taskenv: tuple[Celery, dict[str, str
     report = check_witness(tmp / "witness-pk")
     assert report.sections == 2 and report.overlaps == [], report
     assert token > 0
+
+
+def starts(tmp: Path, key: str) -> list[tuple[str, int]]:
+    """The attempts of ``preempting_section`` on ``key`` whose body started: (task id, retries)."""
+    from tests.taskapp import read_records
+
+    return [(r["task_id"], r["retries"]) for r in read_records(tmp / f"preempt-starts-{key}")]
+
+
+def test_a_preempted_run_that_retries_never_preempts_the_newer_call(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """Issue 42's livelock: two calls of an 8 s body, ``lock_on_lost="retry"``,
+    ``max_retries=None``. The older call is preempted once; its retry finds the newer call
+    holding and is skipped as superseded; the newer body runs to its end, once."""
+    app, env, tmp = taskenv
+    from tests.taskapp import preempting_section
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        older = preempting_section.apply_async(("ll", 8.0), queue=worker.queue)
+        wait_for(lambda: starts(tmp, "ll"), 30, "the older body to start")
+        newer = preempting_section.apply_async(("ll", 8.0), queue=worker.queue)
+        # Hang guard: the newer call ends, or the two keep preempting each other (a third body
+        # starting is already one preemption too many).
+        wait_for(lambda: newer.ready() or len(starts(tmp, "ll")) > 2, 120, "the newer call")
+        assert starts(tmp, "ll") == [(older.id, 0), (newer.id, 0)]
+        assert newer.get(timeout=10)["token"] > 0
+        superseded = older.get(timeout=30)
+        assert is_skipped(superseded), superseded
+        assert (superseded["reason"], superseded["holder"]) == ("superseded", newer.id)
+        assert starts(tmp, "ll") == [(older.id, 0), (newer.id, 0)]
+    report = check_witness(tmp / "witness-ll")
+    assert report.sections == 2 and report.overlaps == [], report
+
+
+# -- beside a version that writes no generation ----------------------------------------------
+
+
+def old_identity(task_id: str) -> bytes:
+    """The data an older version's run stores in its contender node: no ``generation``."""
+    fields = {"task_id": task_id, "task": "tests.taskapp.preempting_section", "retries": 0,
+              "worker": "old@host", "pid": 1}  # fmt: skip
+    return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def test_a_holder_of_an_older_version_is_preempted(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """A holder whose node has no generation (an older version's run, or a holder that is not
+    a task run) counts as older than any call: it is preempted, as before generations."""
+    app, env, tmp = taskenv
+    from tests.taskapp import preempting_section
+
+    path = preempting_section.lock_path("ov")
+    lease = Mutex(zk_client, path).acquire(timeout=10, data=old_identity("old-run"))
+    lost = threading.Event()
+    lease.on_lost(lambda _reason: lost.set())
+    try:
+        with workers(app, "prefork", 1, env, tmp) as (worker,):
+            newer = preempting_section.apply_async(("ov", 0.2), queue=worker.queue)
+            assert lost.wait(60), "the old holder was never preempted"
+            assert lease.lost_code is LossCode.BROKEN
+            broken = parse_identity(zk_client.get(lease.node)[0]).broken
+            assert broken is not None and newer.id in str(broken["by"])
+            assert not newer.ready()  # granted only once the holder let go
+            lease.release()
+            assert newer.get(timeout=60)["token"] > lease.token
+    finally:
+        lease.release()
+    assert starts(tmp, "ov") == [(newer.id, 0)]
+
+
+def test_a_retry_of_an_older_version_never_preempts_and_is_superseded(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """A retry of a call that never had a generation (sent by an older version, first run by
+    an older version's worker) counts as older than any call with one: it does not preempt
+    the newer holder of its task, and is skipped as superseded."""
+    app, env, tmp = taskenv
+    from tests.taskapp import preempting_section
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        newer = preempting_section.apply_async(("or", 6.0), queue=worker.queue)
+        wait_for(lambda: starts(tmp, "or"), 30, "the newer body to start")
+        old_retry = app.send_task(
+            preempting_section.name, ("or", 0.2), queue=worker.queue, retries=1
+        )
+        outcome: Any = old_retry.get(timeout=60)
+        assert is_skipped(outcome) and outcome["reason"] == "superseded", outcome
+        assert outcome["holder"] == newer.id
+        assert newer.get(timeout=60)["token"] > 0
+    assert starts(tmp, "or") == [(newer.id, 0)]
+    assert children(zk_client, preempting_section.lock_path("or")) == []

@@ -168,3 +168,37 @@ def test_a_break_request_into_a_run_node_keeps_its_identity() -> None:
 def test_the_reason_of_a_break_request(data: bytes, reason: str | None) -> None:
     assert break_reason(data) == reason
     assert (break_request(data) is None) is (reason is None)
+
+
+# -- the call's generation (celery_zklock.generation) -------------------------------------------
+
+
+def test_a_run_with_a_generation_writes_it_after_its_retries() -> None:
+    request = SimpleNamespace(id="t-1", hostname="w1@h", retries=2)
+    written = identity(SimpleNamespace(name="app.sync"), request, 1_700_000_000_123_456_789)
+    assert written == (
+        b'{"task_id":"t-1","task":"app.sync","retries":2,"generation":1700000000123456789,'
+        b'"worker":"w1@h","pid":%d}' % os.getpid()
+    )
+    assert json.loads(written) == {
+        **json.loads(identity(SimpleNamespace(name="app.sync"), request)),
+        "generation": 1_700_000_000_123_456_789,
+    }
+    parsed = parse_identity(written)
+    assert parsed.generation == 1_700_000_000_123_456_789 and parsed.retries == 2
+
+
+def test_the_node_of_an_older_version_has_no_generation() -> None:
+    """A holder of a version that wrote no generation (mixed fleet during a deploy), or that
+    wrote something else there: None, which counts as older than any call."""
+    assert parse_identity(json.dumps(IDENTITY).encode()).generation is None
+    for odd in ("12", True, 1.5, None):
+        data = json.dumps({**IDENTITY, "generation": odd}).encode()
+        assert parse_identity(data).generation is None
+    assert parse_identity(b"10.0.0.7").generation is None
+
+
+def test_a_break_request_keeps_the_generation() -> None:
+    request = SimpleNamespace(id="t-3", hostname="w@h", retries=0)
+    written = identity(SimpleNamespace(name="app.x"), request, 42)
+    assert parse_identity(with_break_request(written, "task x[t-4]", 1.0, "newer")).generation == 42

@@ -21,6 +21,7 @@ ROWS = [
     ("rate", "wait", Verdict("wait")),
     ("rate", "retry", Verdict("retry", RateLimited)),
     ("rate", "raise", Verdict("raise", RateLimited)),
+    ("superseded", "skip", Verdict("skip")),  # preempt met a newer call of its task
     ("timeout", "skip", Verdict("skip")),
     ("timeout", "retry", Verdict("retry", LockTimeout)),
     ("timeout", "raise", Verdict("raise", LockTimeout)),
