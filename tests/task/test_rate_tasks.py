@@ -32,6 +32,11 @@ def test_a_rate_limited_task_runs_at_most_its_rate_across_workers(
         queues = [w.queue for w in fleet]
         skipping = [rated.apply_async(("s",), queue=queues[i % 2]) for i in range(20)]
         values = [r.get(timeout=60) for r in skipping]
+        # Admissions go a period after the last (issue 42): what operators see is looked at
+        # on a key whose period (an hour) outlasts any delay of a loaded machine.
+        assert not is_skipped(
+            rated.apply_async(("h",), queue=queues[0], zklock={"rate": "1/h"}).get(timeout=60)
+        )
         shown = invoke("locks", "--json", "--task", "rated")
         table = invoke("locks", "--task", "rated")
         waiting = [
@@ -41,8 +46,8 @@ def test_a_rate_limited_task_runs_at_most_its_rate_across_workers(
         for result in waiting:
             assert not is_skipped(result.get(timeout=60))
     # Operators see the key's admissions of the last period, though nobody holds its lock.
-    (lock,) = [lk for lk in json.loads(shown.output)["locks"] if "key=s" in lk["path"]]
-    assert 1 <= len(lock["admissions"]) <= 2 and lock["holders"] == [], lock
+    (lock,) = [lk for lk in json.loads(shown.output)["locks"] if "key=h" in lk["path"]]
+    assert len(lock["admissions"]) == 1 and lock["holders"] == [], lock
     assert "rate: " in table.output and " admitted, last " in table.output, table.output
     skipped = [v for v in values if is_skipped(v)]
     ran = read_records(tmp / "rated-s")
