@@ -269,9 +269,11 @@ class RateLimit:
             if lock_node is None:
                 raise ZooKeeperUnavailable(f"the decision lock of {self.path} was lost")
             now = int(lock_node[1].ctime)
-            left = self._remove_old(self._nodes(io), now, io)
+            left, cleared = self._remove_old(self._nodes(io), now, io)
         finally:
             lease.release()
+        if not cleared:
+            raise ZooKeeperUnavailable(f"old admissions under {self.path} were not removed")
         persistent = [a.ctime for a in left if not a.ttl]
         if not persistent:
             return None
@@ -288,17 +290,18 @@ class RateLimit:
         except SessionExpiredError:  # our lock went with the session
             nodes = None
         if nodes is None or lease.lost or time.monotonic() - sent > LISTING_BOUND:
-            self._remove([ours], io)
+            if not self._remove([ours], io):
+                self._sweep_later([], now, retry=True)
             return _VOID
         others = [a for a in nodes if a.node != ours]
-        left = self._remove_old(others, now, io)
+        left, cleared = self._remove_old(others, now, io)
         recent = sorted(a.ctime for a in left)
         admitted = len(recent) < self.rate.limit
         if not admitted:
-            self._remove([ours], io)
+            cleared = self._remove([ours], io) and cleared
         else:
             left.append(Admission(ours, now, ttl))
-        self._sweep_later(left, now)
+        self._sweep_later(left, now, retry=not cleared)
         if admitted:
             self._last.ctime = now / 1000.0
             return None
@@ -328,29 +331,38 @@ class RateLimit:
             except NoNodeError:
                 make_containers(client, self.path, io)
 
-    def _remove_old(self, nodes: list[Admission], now: int, io: Deadline) -> list[Admission]:
-        """Delete the admissions a period old at ``now``; return the others."""
+    def _remove_old(
+        self, nodes: list[Admission], now: int, io: Deadline
+    ) -> tuple[list[Admission], bool]:
+        """Delete the admissions a period old at ``now``; return the others, and whether every
+        old one is gone (see :meth:`_remove`)."""
         old = [a.node for a in nodes if a.ctime <= now - self.rate.period_ms]
-        self._remove(old, io)
-        return [a for a in nodes if a.ctime > now - self.rate.period_ms]
+        cleared = self._remove(old, io)
+        return [a for a in nodes if a.ctime > now - self.rate.period_ms], cleared
 
-    def _remove(self, nodes: list[str], io: Deadline) -> None:
-        """Delete ``nodes`` (one already gone is skipped). One ZooKeeper does not delete in
-        time stays, and counts as an admission until it is old."""
+    def _remove(self, nodes: list[str], io: Deadline) -> bool:
+        """Delete ``nodes`` (one already gone is skipped); False if ZooKeeper failed or did not
+        answer in time: a node left so counts as an admission until it is old."""
         try:
             for result in [self.client.delete_async(node) for node in nodes]:
                 with suppress(NoNodeError):
                     wait_result(result, io, f"removing admissions under {self.path}")
         except (KazooException, ZooKeeperUnavailable) as exc:
             logger.info("rate %s: admissions not removed now (%r)", self.path, exc)
+            return False
+        return True
 
-    def _sweep_later(self, left: list[Admission], now: int) -> None:
+    def _sweep_later(self, left: list[Admission], now: int, *, retry: bool = False) -> None:
         """Have this client sweep the path once the newest persistent admission in ``left``
-        (read at ZooKeeper's ``now``) is a period old."""
+        (read at ZooKeeper's ``now``) is a period old, or (``retry``: a removal failed) after
+        :data:`SWEEP_RETRY`."""
         persistent = [a.ctime for a in left if not a.ttl]
+        sweeper = Sweeper.of(self.client)
+        if retry:
+            sweeper.schedule(self.path, self.rate, SWEEP_RETRY)
         if persistent:
             delay = (max(persistent) + self.rate.period_ms - now) / 1000.0
-            Sweeper.of(self.client).schedule(self.path, self.rate, delay + SWEEP_MARGIN)
+            sweeper.schedule(self.path, self.rate, delay + SWEEP_MARGIN)
 
     def _nodes(self, io: Deadline) -> list[Admission]:
         """Every admission under the path, as listed now."""
@@ -431,11 +443,12 @@ class Sweeper:
     def _sweep(self, client: KazooClient, path: str, rate: Rate) -> None:
         try:
             again = RateLimit(client, path, rate).sweep()
+            delay = None if again is None else again + SWEEP_MARGIN
         except Exception as exc:  # ZooKeeper unreachable or the lock busy: try again later
             logger.debug("rate sweep of %s failed: %r", path, exc)
-            again = SWEEP_RETRY - SWEEP_MARGIN
-        if again is not None:
+            delay = SWEEP_RETRY
+        if delay is not None:
             with self._lock:
                 current = self._due.get(path)
-                due = time.monotonic() + again + SWEEP_MARGIN
+                due = time.monotonic() + delay
                 self._due[path] = (max(due, current[0]) if current else due, rate)
