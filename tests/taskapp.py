@@ -394,11 +394,13 @@ def received_skips(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
 
 @app.task(
     bind=True, base=ZkLockTask, lock_name="preempting", lock_key=["key"], lock_on_busy="preempt",
-    lock_on_lost="retry", lock_retry_countdown=0.5, lock_timeout=120, max_retries=None,
+    lock_on_lost="retry", lock_retry_countdown=2.0, lock_timeout=120, max_retries=None,
 )  # fmt: skip
 def preempting_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     """A ``preempt`` task whose preempted runs retry without limit: records each attempt whose
-    body starts (task id, retries, token), then holds one witnessed section of ``hold_s``."""
+    body starts (task id, retries, token), then holds one witnessed section of ``hold_s``. The
+    retry's countdown leaves the preempting call time to enter the lock's queue (it breaks the
+    holder first, then queues), also on a loaded machine."""
     request = self.request
     record = {"task_id": request.id, "retries": request.retries, "token": self.lock.token}
     _append(DIR / f"preempt-starts-{key}", record)
