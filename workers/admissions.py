@@ -1,8 +1,9 @@
 """Rate admissions of the fleet's sections: where a section reads its own, and the window check.
 
 A ``lock_rate`` run is admitted once it holds its lock: :class:`celery_zklock.RateLimit` creates
-an admission node ``<lock path>/rate/adm-<seq>`` holding the run's identity (task id, retries,
-worker, pid) and keeps it if fewer than N others have a ``ctime`` in the period before its own.
+an admission node ``<lock path>/rate/adm-<seq>`` (``adm-t-<seq>`` where it is a TTL node)
+holding the run's identity (task id, retries, worker, pid) and keeps it if fewer than N others
+have a ``ctime`` in the period before its own.
 The ``ctime`` is stamped by the ZooKeeper leader, so it is the one clock every admission of a
 key shares, and the very time the rate limit compares: :func:`find_admission` reads it back in
 the section (the body runs right after the admission, long before a later decision may remove
@@ -106,7 +107,7 @@ def find_admission(
     retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5, deadline=LOOKUP_DEADLINE)
     try:
         children = retry(client.get_children, path)
-        newest: tuple[int, int] | None = None  # (sequence, ctime)
+        newest: tuple[int, int] | None = None  # (czxid, ctime): the newest is the last created
         for name in children:
             if not name.startswith(ADMISSION_PREFIX):
                 continue
@@ -117,9 +118,8 @@ def find_admission(
             who = parse_identity(data)
             if (who.task_id, who.pid, who.retries) != (task_id, pid, retries):
                 continue
-            sequence = int(name[len(ADMISSION_PREFIX) :])
-            if newest is None or sequence > newest[0]:
-                newest = (sequence, stat.ctime)
+            if newest is None or stat.czxid > newest[0]:
+                newest = (stat.czxid, stat.ctime)
     except KazooException:
         return None
     return None if newest is None else newest[1]

@@ -16,7 +16,9 @@ import redis
 from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, Mutex, RedisFence, ZkLockTask
+from celery_zklock.locks.rate import ADMISSION_PREFIX, RATE_NODE, TTL_ADMISSION_PREFIX
 from tests.lockutil import expire_session, wait_for
+from workers.admissions import find_admission
 from workers.checker import FaultCount, RunReport, TaskOutcome, check_run
 from workers.record import (
     FAULT_KINDS,
@@ -903,3 +905,30 @@ def test_throughput_from_unrelated_clocks_stays_short() -> None:
         leftover_nodes=0,
     )
     assert report.throughput == (1, 0, 1)
+
+
+# ------------------------------------------------- a section reads its admission back
+
+
+def test_find_admission_reads_the_newest_admission_of_this_run_whatever_its_name(
+    zk_client: KazooClient, lock_root: str
+) -> None:
+    """Admission nodes as :class:`celery_zklock.RateLimit` names them (``adm-<seq>``, and
+    ``adm-t-<seq>`` for a TTL node), with identities: the run's own newest one is found (by
+    creation order, not by name), others' and a previous attempt's are not."""
+    rate = f"{lock_root}/{RATE_NODE}"
+    zk_client.ensure_path(rate)
+
+    def admit(prefix: str, task_id: str, pid: int = 7, retries: int = 0) -> int:
+        data = json.dumps({"task_id": task_id, "retries": retries, "pid": pid}).encode()
+        path = zk_client.create(f"{rate}/{prefix}", data, sequence=True)
+        return int(zk_client.exists(path).ctime)
+
+    admit(ADMISSION_PREFIX, "t", retries=0)  # an earlier attempt's
+    admit(ADMISSION_PREFIX, "other")
+    ours = admit(TTL_ADMISSION_PREFIX, "t", retries=1)
+    admit(ADMISSION_PREFIX, "t", pid=8, retries=1)  # another process (a copy): not ours
+    assert find_admission(zk_client, lock_root, "t", 7, 1) == ours
+    assert find_admission(zk_client, lock_root, "t", 7, 0) is not None
+    assert find_admission(zk_client, lock_root, "nobody", 7, 0) is None
+    assert find_admission(zk_client, f"{lock_root}/none", "t", 7, 1) is None
