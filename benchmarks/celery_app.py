@@ -35,6 +35,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_init
 
 from celery_zklock import ZkLockTask, is_skipped
+from celery_zklock.testing import introspect  # noqa: F401  (the zklock_live command: gate_memory)
 from workers.app import celery_config
 from workers.app import create_app as create_fleet_app
 from workers.settings import Settings

@@ -567,7 +567,25 @@ CALL_OPTION: Final = "zklock"
 
 RECEIVED_OPTION: Final = "zklock_received"
 """The request field in which the worker's gate (:mod:`celery_zklock.gate`) tells the run when
-the message was received (``time.time()``): a ``wait`` counts ``lock_timeout`` from there."""
+the call reached the gate, as ``[time.time(), retries]``: a ``wait`` counts ``lock_timeout`` from
+there. A retry's message carries its first attempt's field along; the run takes it only when
+its ``retries`` are the run's own (an older gate's bare number is taken as it is)."""
+RECEIPT_FIELD: Final = "zklock_receipt"
+"""The request field in which the worker's main process notes when it received the message
+(``time.time()``, before any ETA wait): the gate's broker bound counts from there."""
+
+
+def received_at(request: Any) -> float | None:
+    """When the call of ``request`` (a task's request context) reached its worker's gate,
+    if the gate said so for this very attempt (see :data:`RECEIVED_OPTION`)."""
+    value = getattr(request, RECEIVED_OPTION, None)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        at, retries = value
+        if isinstance(at, (int, float)) and retries == (request.retries or 0):
+            return float(at)
+    return None
 
 
 def request_overrides(request: Any) -> Mapping[str, Any] | None:

@@ -45,7 +45,7 @@ from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
 from celery_zklock.metrics.recorder import count_rate
-from celery_zklock.options import RECEIVED_OPTION, LockOptions, TaskLockSpec, request_overrides
+from celery_zklock.options import LockOptions, TaskLockSpec, received_at, request_overrides
 from celery_zklock.policy import Situation, decide, skip_result
 from celery_zklock.session import get_client
 
@@ -285,13 +285,13 @@ class LockedRun:
         if policy == "preempt":
             self._preempt(client, queue)
         visibility.waiting(self.task, self.path, holder_id)
+        budget = self._wait_timeout()
         try:
-            self.lease = side.acquire(timeout=self._wait_timeout(), data=identity)
-            visibility.granted_after_wait(self.task)
+            self.lease = side.acquire(timeout=budget, data=identity)
             return None
         except LockTimeout:
             policy = self.options.on_timeout
-            self._log("timeout", self.path, policy=policy, holder=holder_id)
+            self._log("timeout", self.path, policy=policy, holder=holder_id, waited_up_to=budget)
             return self._apply(
                 "timeout",
                 policy,
@@ -353,8 +353,8 @@ class LockedRun:
         """``lock_timeout``, counted from when the worker received the message where its gate
         says when (the message may have waited there)."""
         timeout = self.options.timeout
-        received = getattr(self.request, RECEIVED_OPTION, None)
-        if timeout is None or not isinstance(received, (int, float)):
+        received = received_at(self.request)
+        if timeout is None or received is None:
             return timeout
         return max(0.0, timeout - (time.time() - received))
 

@@ -1,41 +1,28 @@
-"""What Flower and the result backend see of a run's lock, beyond Celery's own states.
+"""What Flower sees of a run's lock, beyond Celery's own states: task events, never the result.
 
-- A run that waits for its lock stores the state ``LOCK_WAITING`` in the result backend (meta:
-  ``lock``, ``holder``, ``since``) and, once granted, ``STARTED`` again (meta ``pid``,
-  ``hostname``, as Celery's own), so ``AsyncResult.state`` says which runs are queued behind a
-  lock rather than running. Only waits write: a run granted at once costs nothing here.
-- With task events on (``worker_send_task_events = True``, or ``celery worker -E``), a run sends
-  the custom events ``task-lock-waiting`` (``lock``, ``holder``) and ``task-lock-skipped``
-  (``lock``, ``holder``, ``reason``). Flower lists them in the task's events and shows their
-  fields on the task (``lock_skipped``: the reason), so a skipped run is told apart from one
-  that ran without reading its result.
+With task events on (``worker_send_task_events = True``, or ``celery worker -E``), a call that
+waits for its lock (held at the worker's gate, or waiting in the pool) sends the custom event
+``task-lock-waiting`` (``lock``, ``holder``), and a skipped run ``task-lock-skipped`` (``lock``,
+``holder``, ``reason``). Flower lists them in the task's events and shows their fields on the
+task (``lock_skipped``: the reason).
 
-Nothing here may fail a run: a backend or broker error is logged at debug level and ignored.
+Nothing is written into the task's own result: Celery's backends guard a final state only by a
+read then a set, so a waiting state written there can land on a FAILURE (or REVOKED) that was
+just stored, and a copy of the message handed out again would then find no final state and run
+the body a second time. (Up to round 3 a waiting call was ``LOCK_WAITING`` in the backend.)
+
+Nothing here may fail a run: a broker error is logged at debug level and ignored.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import time
 from typing import Any, Final
-
-from celery import states
 
 from celery_zklock.interrupt import STOPPING
 
-__all__ = [
-    "SKIPPED_EVENT",
-    "WAITING_EVENT",
-    "WAITING_STATE",
-    "granted_after_wait",
-    "held",
-    "skipped",
-    "unheld",
-    "waiting",
-]
+__all__ = ["SKIPPED_EVENT", "WAITING_EVENT", "held", "skipped", "waiting"]
 
-WAITING_STATE: Final = "LOCK_WAITING"
 WAITING_EVENT: Final = "task-lock-waiting"
 SKIPPED_EVENT: Final = "task-lock-skipped"
 
@@ -43,27 +30,14 @@ logger = logging.getLogger("celery_zklock.visibility")
 
 
 def waiting(task: Any, path: str, holder: Any) -> None:
-    """``task``'s run is about to wait for lock ``path``, held by task ``holder``."""
-    _store(task, WAITING_STATE, {"lock": path, "holder": holder, "since": time.time()})
+    """``task``'s run is about to wait in the pool for lock ``path``, held by task ``holder``."""
     _send(task, WAITING_EVENT, lock=path, holder=holder)
 
 
 def held(request: Any, path: str, holder: Any) -> None:
     """The worker's gate holds ``request`` (a worker request, in the worker's main process)
-    until lock ``path``, held by task ``holder``, can be granted: ``LOCK_WAITING``, as for a
-    run that waits."""
-    _store_request(request, WAITING_STATE, {"lock": path, "holder": holder, "since": time.time()})
+    until lock ``path``, held by task ``holder``, can be granted."""
     _send_request(request, WAITING_EVENT, lock=path, holder=holder)
-
-
-def unheld(request: Any) -> None:
-    """The gate handed ``request`` to the pool: ``RECEIVED`` again until it starts."""
-    _store_request(request, states.RECEIVED, {})
-
-
-def granted_after_wait(task: Any) -> None:
-    """The run that waited holds its lock now: back to ``STARTED`` in the result backend."""
-    _store(task, states.STARTED, {"pid": os.getpid(), "hostname": task.request.hostname})
 
 
 def skipped(task: Any, path: str, holder: Any, reason: str) -> None:
@@ -76,17 +50,6 @@ def _in_worker(task: Any) -> bool:
     return bool(request.id) and not request.called_directly and not request.is_eager
 
 
-def _store(task: Any, state: str, meta: dict[str, Any]) -> None:
-    if not _in_worker(task) or task.ignore_result:
-        return
-    try:
-        task.update_state(state=state, meta=meta)
-    except STOPPING:
-        raise
-    except Exception:  # no result backend, or it failed: the run goes on
-        logger.debug("could not store state %s for %s", state, task.request.id, exc_info=True)
-
-
 def _send(task: Any, event: str, **fields: Any) -> None:
     if not _in_worker(task) or not task.app.conf.worker_send_task_events:
         return
@@ -96,16 +59,6 @@ def _send(task: Any, event: str, **fields: Any) -> None:
         raise
     except Exception:
         logger.debug("could not send %s for %s", event, task.request.id, exc_info=True)
-
-
-def _store_request(request: Any, state: str, meta: dict[str, Any]) -> None:
-    task = request.task
-    if task.ignore_result:
-        return
-    try:
-        task.backend.store_result(request.id, meta, state)
-    except Exception:
-        logger.debug("could not store state %s for %s", state, request.id, exc_info=True)
 
 
 def _send_request(request: Any, event: str, **fields: Any) -> None:

@@ -23,6 +23,7 @@ from kazoo.client import KazooClient
 from celery_zklock import ZkLockTask, signals
 from celery_zklock.locks import MultiLease
 from celery_zklock.options import request_overrides
+from celery_zklock.testing import introspect  # noqa: F401  (the zklock_live command)
 from celery_zklock.testing.witness import Witness
 from tests.lockutil import task_client
 from workers.settings import broker_transport_options
@@ -390,6 +391,49 @@ def received_skips(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
     """:func:`received`, opted in to get skip markers (celery_zklock.canvas)."""
     _append(DIR / "received", {"task_id": self.request.id, "tag": tag, "value": value})
     return {"received": value}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=120, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def gated_failing(self: Any, key: str, hold_s: float) -> None:
+    """A ``wait`` task whose body records its start, holds ``hold_s`` and raises: a FAILURE
+    that a copy handed out again must not run a second time."""
+    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "token": self.lock.token})
+    time.sleep(hold_s)
+    raise ValueError(f"gated_failing {key} fails on purpose")
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=300, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def gated_step(self: Any, key: str, seq: int, hold_s: float) -> int:
+    """A ``wait`` task of the order tests: records ``seq`` when its body starts and when it
+    ends (with its worker), holds ``hold_s`` or until the file ``release-<key>`` exists."""
+    request = self.request
+    start = {"seq": seq, "at": "start", "task_id": request.id, "worker": request.hostname}
+    _append(DIR / f"steps-{key}", {**start, "token": self.lock.token})
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+        time.sleep(0.02)
+    _append(DIR / f"steps-{key}", {"seq": seq, "at": "end", "task_id": self.request.id})
+    return seq
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=3, lock_on_timeout="skip",
+)  # fmt: skip
+def gated_retrying(self: Any, key: str, countdown: float, retry_queue: str) -> dict[str, Any]:
+    """Its first attempt retries after ``countdown`` s (longer than its 3 s ``lock_timeout``)
+    on ``retry_queue``; the retry's wait must count from the retry's own receipt, not the
+    first attempt's."""
+    _append(DIR / f"attempts-{key}", {"retries": self.request.retries})
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown, queue=retry_queue)
+    return {"token": self.lock.token, "retries": self.request.retries}
 
 
 @app.task(

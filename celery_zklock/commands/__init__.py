@@ -518,7 +518,8 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
             "settings",
             f"hosts {config.hosts}, root {settings.root}, session timeout requested "
             f"{config.session_timeout:g}s",
-        )
+        ),
+        checks.gate_bound_check(app.conf),
     ]
     try:
         with _connected(config) as client:

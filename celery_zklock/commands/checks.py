@@ -33,13 +33,20 @@ import ssl
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
-from celery_zklock.config import CREATOR_ACL, ClientConfig, host_ports
+from celery_zklock.config import (
+    CREATOR_ACL,
+    ClientConfig,
+    broker_redelivery_timeout,
+    gate_config,
+    host_ports,
+)
+from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks import adapter
 from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
@@ -280,6 +287,44 @@ def four_letter(host: str, port: int, word: str, config: ClientConfig) -> str | 
     except (OSError, ssl.SSLError):
         return None
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def gate_bound_check(conf: Mapping[str, Any]) -> Check:
+    """The gate's hold bound against the broker's redelivery bound: a held message goes back
+    to the broker at ``zklock_gate_max_hold`` from its receipt, which must come before the
+    broker hands it out again. RabbitMQ does not tell clients its ``consumer_timeout``: the
+    operator is told to keep the bound below it."""
+    name = "gate bound"
+    try:
+        gate = gate_config(conf)
+    except ConfigurationError as exc:
+        return Check("FAIL", name, str(exc))
+    if not gate.enabled:
+        return Check("INFO", name, "zklock_gate=False: no message is held in a worker")
+    broker = broker_redelivery_timeout(conf)
+    url = str(conf.get("broker_url") or "")
+    if url.split("://", 1)[0].split("+", 1)[0].lower() in ("amqp", "amqps", "pyamqp"):
+        return Check(
+            "INFO",
+            name,
+            f"a held message goes back to RabbitMQ {gate.max_hold:g}s after its receipt "
+            "(zklock_gate_max_hold); keep it below the server's consumer_timeout (30 min by "
+            "default, not told to clients), or the server closes the worker's channel",
+        )
+    if gate.max_hold >= broker:
+        return Check(
+            "FAIL",
+            name,
+            f"zklock_gate_max_hold {gate.max_hold:g}s is not below the broker's redelivery "
+            f"bound {broker:g}s (visibility_timeout): a held message would be handed out "
+            "twice; lower it (80 % of the bound is the default)",
+        )
+    return Check(
+        "PASS",
+        name,
+        f"a held message goes back to the broker {gate.max_hold:g}s after its receipt, "
+        f"before its visibility timeout ({broker:g}s)",
+    )
 
 
 def connection_limit_check(where: str, conf: str | None, sessions: int) -> Check | None:

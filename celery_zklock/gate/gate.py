@@ -13,11 +13,24 @@ exclusion, the lease clock and revocation stay in the run. One children watch pe
 worker, whatever the number of held messages; all ZooKeeper answers are handled on the
 consumer's own thread (:meth:`Gate._soon`).
 
-A held message goes to the pool anyway, where its run applies its policies, when its
-``lock_timeout`` (counted from receipt) or the broker's redelivery bound
-(:class:`~celery_zklock.config.GateConfig`) runs out, and when ZooKeeper cannot answer the gate
-(not connected for a session timeout, a failed read). When the consumer stops (shutdown, broker
-connection lost) held messages are forgotten unacknowledged: the broker hands them out again.
+A held message leaves the gate by itself in three cases, checked every :data:`RECHECK_EVERY`
+seconds against its instants (:class:`~celery_zklock.gate.line.Held`), with no timer per message
+(kombu's timer keeps a cancelled entry, and the request it references, until its due time):
+
+- its ``lock_timeout`` (counted from when it reached the gate) ran out: to the pool, whose run
+  applies ``lock_on_timeout`` at once;
+- the broker's redelivery bound (:class:`~celery_zklock.config.GateConfig`, counted from the
+  worker's receipt of the message, ETA waits included) came: back to the broker with every
+  message behind it on its key, in order (:mod:`celery_zklock.gate.giveback`), never into a
+  pool that may be busy past the bound;
+- it was revoked, or its ``expires`` passed: it ends REVOKED as Celery ends such a request.
+
+When ZooKeeper cannot answer the gate (not connected for a session timeout, a failed read) held
+messages go to the pool, where the run's ``unavailable`` policy applies. When the consumer stops
+(warm shutdown, broker connection lost) held messages go back to the broker in order where it
+allows that (Redis), else they are left unacknowledged and the broker hands them out again.
+The gate writes nothing into a task's result: a held call is seen through its
+``task-lock-waiting`` event, ``celery zklock locks`` and the ``zklock_gate_held`` gauge.
 """
 
 from __future__ import annotations
@@ -37,11 +50,12 @@ from kazoo.protocol.states import KazooState, WatchedEvent
 from celery_zklock import outages, visibility
 from celery_zklock.config import GateConfig, settings_of
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.gate.giveback import give_back
 from celery_zklock.gate.line import Held, KeyLine, may_enter
 from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
 from celery_zklock.locks.identity import parse_identity
 from celery_zklock.metrics.recorder import count_held
-from celery_zklock.options import CALL_OPTION, RECEIVED_OPTION
+from celery_zklock.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
 from celery_zklock.session import get_client
 from celery_zklock.task import ZkLockTask
 
@@ -49,6 +63,9 @@ logger = logging.getLogger("celery_zklock.gate")
 
 RECHECK_EVERY: Final = 0.05
 """Seconds between looks at the runs the gate sent to the pool (ended: the next may go)."""
+REVOKED_LOOK_EVERY: Final = 1.0
+"""Seconds between looks at every held message's revocation when the worker's set of revoked
+ids did not visibly change (at its size limit an addition does not change its length)."""
 RECONNECT_EVERY: Final = 5.0
 """Seconds between the gate's attempts to connect when ZooKeeper was unreachable at start."""
 
@@ -65,6 +82,8 @@ class Gate:
         self._handle: Callable[[Any], Any] | None = None
         self._entries: list[Any] = []
         self._outage: Any = None
+        self._next_due = float("inf")
+        self._revoked_seen = (0, 0.0)
         self._started = threading.Event()
         self.grace = 0.0
         # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
@@ -89,7 +108,7 @@ class Gate:
         for path, line in list(self.lines.items()):
             held = list(line.held)
             if held:
-                counts[path] = (len(held), now - min(h.received for h in held))
+                counts[path] = (len(held), now - min(h.due for h in held))
         return counts
 
     # -- consumer life --------------------------------------------------------------------
@@ -101,18 +120,20 @@ class Gate:
         self._entries.append(self.consumer.timer.call_repeatedly(RECHECK_EVERY, self._recheck))
 
     def stop(self) -> None:
-        """The consumer stops: forget held messages, unacknowledged (the broker redelivers)."""
+        """The consumer stops: held messages go back to the broker in order where it allows
+        (:func:`~celery_zklock.gate.giveback.give_back`), else stay unacknowledged (the broker
+        hands them out again)."""
         self._started.clear()
         for entry in [*self._entries, self._outage]:
             if entry is not None:
                 entry.cancel()
         self._entries, self._outage = [], None
         self._inbox.clear()
-        for line in self.lines.values():
+        lines, self.lines = list(self.lines.values()), {}
+        for line in lines:
             for held in line.held:
-                held.expiry.cancel()
                 count_held(held.request.name, -1)
-        self.lines.clear()
+            give_back([held.request for held in line.held])
 
     def _connect(self) -> None:
         settings = settings_of(self.consumer.app)
@@ -145,25 +166,34 @@ class Gate:
             return self._send(request)
         path, kind, timeout = gated
         line = self.lines.get(path)
+        connected = self.client is not None and self.client.connected
         if line is None:
+            if not connected:
+                return self._send(request)  # nothing held on the key: the run decides
             line = self.lines[path] = KeyLine(path)
-        held = Held(request, kind, time.time())
+        now = time.time()
+        received = request.request_dict.get(RECEIPT_FIELD)
+        held = Held(request, kind, now, bound_at=_number(received, now) + self.config.max_hold)
+        if timeout is not None:
+            held.timeout_at = now + timeout
         if not line.held and line.queue is not None and line.watched:
             line.forget_ended(_running)
             if may_enter(kind, line.queue, [k for _, k in line.sent]):
-                return self._dispatch(line, held)
-        self._hold(line, held, timeout)
-        if not line.reading and (line.queue is None or not line.watched):
+                return self._dispatch(line, held, was_held=False)
+        if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
+            give_back([request])
+            return None
+        self._hold(line, held)
+        if connected and not line.reading and (line.queue is None or not line.watched):
             self._read(line)
         return None
 
-    def _gated(self, request: Any) -> tuple[str, LockKind, float] | None:
-        """The lock path, lock kind and longest hold of a request the gate holds when busy;
-        None for any other (not locked, not ``wait``, no ZooKeeper, arguments the key cannot
-        take: the pool run decides, and fails with the reason)."""
-        client = self.client
+    def _gated(self, request: Any) -> tuple[str, LockKind, float | None] | None:
+        """The lock path, lock kind and ``lock_timeout`` of a request the gate holds when busy;
+        None for any other (not locked, not ``wait``, the gate not started, arguments the key
+        cannot take: the pool run decides, and fails with the reason)."""
         task = request.task
-        if client is None or not client.connected or not isinstance(task, ZkLockTask):
+        if self.client is None or not isinstance(task, ZkLockTask):
             return None
         try:
             spec = task._zklock_compile(task.name)
@@ -174,39 +204,31 @@ class Gate:
             path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
         except Exception:
             return None
-        timeout = self.config.max_hold
-        if options.timeout is not None:
-            timeout = min(timeout, options.timeout)
-        return path, options.lock_kind, timeout
+        return path, options.lock_kind, options.timeout
 
-    def _hold(self, line: KeyLine, held: Held, timeout: float) -> None:
+    def _hold(self, line: KeyLine, held: Held) -> None:
         if self.held < self.config.max_held:
             self.consumer.qos.increment_eventually()
             held.raised_prefetch = True
         line.held.append(held)
-        held.expiry = self.consumer.timer.call_after(timeout, self._expire, (line.path, held))
+        self._next_due = min(self._next_due, held.next_at)
         count_held(held.request.name, 1)
         if line.holder is not None:
             self._tell_held(line, held)
 
-    def _expire(self, path: str, held: Held) -> None:
-        line = self.lines.get(path)
-        if line is not None and held in line.held:
-            line.held.remove(held)
-            self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
-
-    def _dispatch(self, line: KeyLine, held: Held) -> Any:
-        if held.expiry is not None:
-            held.expiry.cancel()
+    def _release_hold(self, held: Held) -> None:
+        """``held`` leaves the gate (to the pool or the broker): its prefetch and gauge."""
         if held.raised_prefetch:
             self.consumer.qos.decrement_eventually()
+            held.raised_prefetch = False
+        count_held(held.request.name, -1)
+
+    def _dispatch(self, line: KeyLine, held: Held, was_held: bool = True) -> Any:
         request = held.request
-        request.request_dict[RECEIVED_OPTION] = held.received
+        if was_held:
+            self._release_hold(held)
+        request.request_dict[RECEIVED_OPTION] = [held.due, request.request_dict.get("retries", 0)]
         line.sent.append((request, held.kind))
-        if held.expiry is not None:  # it was held
-            count_held(request.name, -1)
-        if held.told:  # its LOCK_WAITING was stored: it waits no more
-            visibility.unheld(request)
         return self._send(request)
 
     def _send(self, request: Any) -> Any:
@@ -223,7 +245,7 @@ class Gate:
             self._name_holder(line)
 
     def _tell_held(self, line: KeyLine, held: Held) -> None:
-        """``LOCK_WAITING`` (result backend, event) for ``held``, naming the line's holder."""
+        """The ``task-lock-waiting`` event for ``held``, naming the line's holder."""
         held.told = True
         visibility.held(held.request, line.path, line.holder or None)
 
@@ -254,6 +276,45 @@ class Gate:
         for held in line.held:
             if not held.told:
                 self._tell_held(line, held)
+
+    def _act_on_due(self) -> None:
+        """Every held message whose instant came leaves the gate (see the module docstring):
+        revoked or expired ones end REVOKED, timed-out ones go to the pool, and lines whose
+        broker bound came go back to the broker."""
+        now = time.time()
+        revoked = worker_state.revoked
+        seen = (len(revoked), now)
+        look_revoked = seen[0] != self._revoked_seen[0] or now - self._revoked_seen[1] > (
+            REVOKED_LOOK_EVERY
+        )
+        if not look_revoked and now < self._next_due:
+            return
+        if look_revoked:
+            self._revoked_seen = seen
+        self._next_due = float("inf")
+        for line in list(self.lines.values()):
+            if look_revoked or any(h.request.expires for h in line.held):
+                for held in [h for h in line.held if _revoked(h.request)]:
+                    line.held.remove(held)
+                    self._release_hold(held)
+            to_pool, to_broker = line.take_due(now)
+            for held in to_pool:
+                self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
+            for held in to_broker:
+                self._release_hold(held)
+            if to_broker:
+                logger.info(
+                    "celery-zklock gate: %d message(s) of %s held up to the broker's "
+                    "redelivery bound go back to the broker: %s",
+                    len(to_broker),
+                    line.path,
+                    " ".join(held.request.id for held in to_broker),
+                )
+                give_back([held.request for held in to_broker])
+            for held in line.held:
+                self._next_due = min(self._next_due, held.next_at)
+            if line.idle:
+                self.lines.pop(line.path, None)
 
     def _hand_over(self, line: KeyLine) -> None:
         """ZooKeeper cannot answer for this key: every held message goes to the pool, where
@@ -324,6 +385,7 @@ class Gate:
         while self._inbox:
             fn, args = self._inbox.popleft()
             fn(*args)
+        self._act_on_due()
         for line in list(self.lines.values()):
             if not line.held:
                 line.forget_ended(_running)
@@ -367,3 +429,15 @@ class Gate:
 def _running(request: Any) -> bool:
     """Whether a request sent to the pool has not ended (Celery forgets it when it ends)."""
     return request in worker_state.reserved_requests
+
+
+def _revoked(request: Any) -> bool:
+    """Whether a held request was revoked or expired: if so Celery's own handling has ended it
+    (REVOKED stored and sent, the message acknowledged, the request forgotten)."""
+    if request.id not in worker_state.revoked and not request.expires:
+        return False
+    return bool(request.revoked())
+
+
+def _number(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) else default

@@ -23,17 +23,26 @@ from celery_zklock.locks.contenders import Contender, LockKind, first_blocker
 @dataclass(eq=False)
 class Held:
     """A message held at the gate: its worker ``request``, the ``kind`` of lock its run asks
-    for, when it was received (``received``: this host's wall clock, carried to the run so that
-    its ``lock_timeout`` counts from here), and whether holding it raised the worker's prefetch
-    (``raised_prefetch``); ``expiry`` is the timer entry that hands it over at its timeout;
-    ``told``: its ``LOCK_WAITING`` state was stored."""
+    for, and three instants on this host's wall clock: ``due``, when it reached the gate (its
+    receipt, or its ETA when that came later: its ``lock_timeout`` counts from here, carried to
+    the run), ``timeout_at`` (None: no ``lock_timeout``) when it goes to the pool to apply
+    ``lock_on_timeout``, and ``bound_at``, when it goes back to the broker (the broker's
+    redelivery bound, counted from the worker's *receipt*, ETA waits included).
+    ``raised_prefetch``: holding it raised the worker's prefetch; ``told``: its
+    ``task-lock-waiting`` event was sent."""
 
     request: Any
     kind: LockKind
-    received: float
+    due: float
+    bound_at: float = float("inf")
+    timeout_at: float | None = None
     raised_prefetch: bool = False
-    expiry: Any = None
     told: bool = False
+
+    @property
+    def next_at(self) -> float:
+        """The first instant at which the gate must act on this message by itself."""
+        return self.bound_at if self.timeout_at is None else min(self.bound_at, self.timeout_at)
 
 
 def may_enter(kind: LockKind, queue: Sequence[Contender], sent: Sequence[LockKind]) -> bool:
@@ -83,6 +92,22 @@ class KeyLine:
             return None
         self.held.popleft()
         return head
+
+    def take_due(self, now: float) -> tuple[list[Held], list[Held]]:
+        """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
+        ran out (to the pool, where the run applies ``lock_on_timeout`` at once), and, from
+        the first one whose broker bound came, that one and every one behind it (back to the
+        broker together, in line order, so that none overtakes another of its key)."""
+        back_from = next((i for i, h in enumerate(self.held) if h.bound_at <= now), None)
+        to_broker: list[Held] = []
+        if back_from is not None:
+            while len(self.held) > back_from:
+                to_broker.append(self.held.pop())
+            to_broker.reverse()
+        to_pool = [h for h in self.held if h.timeout_at is not None and h.timeout_at <= now]
+        for held in to_pool:
+            self.held.remove(held)
+        return to_pool, to_broker
 
     @property
     def idle(self) -> bool:

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 from celery import bootsteps
-from celery.signals import worker_init, worker_ready
+from celery.signals import task_received, worker_init, worker_ready
 from celery.worker.control import inspect_command
 
 from celery_zklock import outages
 from celery_zklock.config import gate_config, settings_of
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.gate.gate import Gate
-from celery_zklock.options import check_redelivery
+from celery_zklock.options import RECEIPT_FIELD, check_redelivery
 from celery_zklock.session import new_client
 from celery_zklock.task import ZkLockTask, has_locked_tasks
 
@@ -75,6 +76,14 @@ def install(sender: Any = None, **_: Any) -> None:
         raise SystemExit(f"celery-zklock: {exc}") from None
     if enabled:
         app.steps["consumer"].add(GateStep)
+        task_received.connect(note_receipt, weak=False, dispatch_uid="celery-zklock-receipt")
+
+
+def note_receipt(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """``task_received`` (the worker's main process, as the message arrives, before any ETA
+    wait): note when, for the gate's broker bound (:data:`~celery_zklock.options.RECEIPT_FIELD`)."""
+    if request is not None and isinstance(request.task, ZkLockTask):
+        request.request_dict[RECEIPT_FIELD] = time.time()
 
 
 def probe_when_ungated(sender: Any = None, **_: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,29 @@ def held_at_gate(app: Celery) -> dict[str, Any]:
         for counts in reply.values():
             merged.update(counts)
     return merged
+
+
+TASK_LINE = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (received|succeeded|raised|ignored|retry)")
+
+
+def received_twice_while_held(log: str) -> list[str]:
+    """Task ids a worker's log shows received again before they ended and without the gate
+    having given them back to the broker in between: the broker handed out a copy of a message
+    the worker still held."""
+    holding: set[str] = set()
+    twice = []
+    for line in log.splitlines():
+        if "go back to the broker:" in line:
+            holding -= set(line.rsplit(":", 1)[1].split())
+        elif (found := TASK_LINE.search(line)) is not None:
+            task_id, what = found.groups()
+            if what == "received":
+                if task_id in holding:
+                    twice.append(task_id)
+                holding.add(task_id)
+            else:
+                holding.discard(task_id)
+    return twice
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -78,10 +102,12 @@ def test_worker_killed_while_it_holds_messages_loses_none(
     hands them out again (RabbitMQ when the connection drops, Redis after its visibility
     timeout), and every call completes its body exactly once on the next worker."""
     _, _, tmp = taskenv
-    # Redis hands unacknowledged messages out again after 8 s: the new worker gets them soon,
+    # Redis hands unacknowledged messages out again after 12 s: the new worker gets them soon,
     # and the gate holds none past 80 % of it (the bound that keeps a held message from being
-    # handed to a second worker while the first still holds it).
-    env = {**broker.env, "TASKAPP_VISIBILITY_TIMEOUT": "8"}
+    # handed to a second worker while the first still holds it). 12 s, not less: the killed
+    # run's copy waits in a pool slot for the dead session's node (7 s), and a copy of it
+    # handed out meanwhile would be Celery's own redelivery, not a held message's.
+    env = {**broker.env, "TASKAPP_VISIBILITY_TIMEOUT": "12"}
     sender, queue = broker.sender, broker.queues[0]
 
     # The first body holds 5 s: long enough to see the others held, however slowly the worker
@@ -100,32 +126,43 @@ def test_worker_killed_while_it_holds_messages_loses_none(
             result.get(timeout=120)
     done = Counter(r["task_id"] for r in read_records(tmp / "gated-done-kill"))
     assert sorted(done) == sorted(r.id for r in calls) and set(done.values()) == {1}, done
+    for log in tmp.glob("worker-*.log"):  # the broker never handed out a message still held
+        assert received_twice_while_held(log.read_text()) == [], log.name
     # The killed body never closed its section: later ones "overlap" it, and only it.
     report = check_witness(tmp / "witness-kill")
     assert len(report.unfinished) <= 1
     assert all(set(o.inside) <= set(report.unfinished) for o in report.overlaps), report
 
 
-def test_a_held_message_is_lock_waiting_and_its_timeout_counts_from_receipt(
+def test_a_held_message_times_out_at_the_gate_and_skips_at_once(
     taskenv: tuple[Celery, dict[str, str], Path],
 ) -> None:
-    """A message held at the gate is LOCK_WAITING in the result backend; its lock_timeout
-    counts from when the worker received it: 1.5 s at the gate are not followed by another
-    1.5 s in the pool (the holder, 4 s, would have let it in by then)."""
+    """A message held at the gate with ``lock_timeout`` 1.5 s: at 1.5 s it leaves the gate and
+    its run applies ``lock_on_timeout`` (skip) at once, without waiting in the pool again. The
+    holder runs until the file ``release-t`` exists, which the test writes only after the skip:
+    a run that waited its timeout again in the pool, or a gate that ignored the receipt time,
+    would see the key free and run instead."""
     app, env, tmp = taskenv
-    from tests.taskapp import gated_section
+    from tests.taskapp import gated_step
 
     with workers(app, "prefork", 1, env, tmp) as (worker,):
-        holder = gated_section.apply_async(("t", 4.0), queue=worker.queue)
-        wait_for(lambda: (tmp / "witness-t").exists(), 30, "the holder's body")
+        holder = gated_step.apply_async(("t", -1, 120.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "steps-t").exists(), 30, "the holder's body")
         policy = {"timeout": 1.5, "on_timeout": "skip"}
-        waiter = gated_section.apply_async(("t", 0.1), queue=worker.queue, zklock=policy)
-        wait_for(lambda: waiter.state == "LOCK_WAITING", 30, "the waiter to be held")
-        assert waiter.info["lock"].startswith("/taskapp/gated/key=t")
-        assert waiter.info["holder"] == holder.id
-        skipped = waiter.get(timeout=30)
-        assert holder.get(timeout=30)["token"] > 0
+        waiter = gated_step.apply_async(("t", 0, 0.1), queue=worker.queue, zklock=policy)
+        try:
+            skipped = waiter.get(timeout=60)
+        finally:
+            (tmp / "release-t").touch()
+        assert holder.get(timeout=30) == -1
     assert skipped["__zklock_skipped__"] and skipped["reason"] == "timeout", skipped
+    log = (tmp / "worker-w0-prefork.log").read_text()
+    (timed_out,) = [
+        line for line in log.splitlines() if f"event=timeout task_id={waiter.id}" in line
+    ]
+    budget = float(timed_out.split("waited_up_to=")[1].split()[0])
+    assert budget < 0.5, timed_out  # the pool's wait is what the 1.5 s left, not 1.5 s again
+    assert [r["seq"] for r in read_records(tmp / "steps-t") if r["at"] == "start"] == [-1]
 
 
 def test_readers_pass_together_and_a_semaphore_admits_its_limit(
@@ -166,7 +203,8 @@ def test_zookeeper_gone_hands_held_messages_to_the_pool(
         held_session(tmp, holder.id)
         policy = {"timeout": 100.0, "retry_countdown": 0.2}
         waiter = long_hold.apply_async(("zg", 0.1), queue=worker.queue, zklock=policy)
-        wait_for(lambda: waiter.state == "LOCK_WAITING", 30, "the waiter to be held")
+        wait_for(lambda: sum(c["held"] for c in held_at_gate(app).values()) == 1, 30,
+                 "the waiter to be held")  # fmt: skip
         server.stop()
         stopped = time.monotonic()
         with pytest.raises(Exception) as failure:

@@ -1,11 +1,11 @@
 """The gate's two bounds on a real prefork worker: ``zklock_gate_max_held`` (past it a held
 message no longer raises the worker's prefetch, so the worker stops fetching) and
-``zklock_gate_max_hold`` (a message is held at most that long, then goes to the pool, whatever
-its ``lock_timeout``: it keeps a held message from being handed out again by the broker)."""
+``zklock_gate_max_hold`` (a message is held at most that long from its receipt, then goes back
+to the broker, whatever its ``lock_timeout``: the broker never hands it out again while it is
+held)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from celery import Celery
@@ -13,6 +13,7 @@ from celery import Celery
 from celery_zklock.testing.witness import check_witness
 from tests.lockutil import wait_for
 from tests.task.test_gate import held_at_gate
+from tests.taskapp import read_records
 from tests.workerproc import workers
 
 
@@ -46,22 +47,23 @@ def test_past_max_held_the_worker_stops_fetching(
 def test_a_message_is_held_no_longer_than_max_hold(
     taskenv: tuple[Celery, dict[str, str], Path],
 ) -> None:
-    """``zklock_gate_max_hold=1.5`` and a waiter whose ``lock_timeout`` is 120 s: the gate hands
-    it to the pool after 1.5 s although the key is still busy; it waits there, then runs."""
+    """``zklock_gate_max_hold=1.5`` and a waiter whose ``lock_timeout`` is 120 s, behind a
+    holder that runs until the test lets it go: at 1.5 s from its receipt the gate gives the
+    waiter back to the broker (never into the pool, where it would sit unacknowledged), the
+    worker receives it again, and it runs once after the holder."""
     app, env, tmp = taskenv
-    from tests.taskapp import gated_section
+    from tests.taskapp import gated_step
 
     with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE_MAX_HOLD": "1.5"}, tmp) as (worker,):
-        holder = gated_section.apply_async(("cap", 8.0), queue=worker.queue)
-        wait_for(lambda: (tmp / "witness-cap").exists(), 30, "the holder to start")
-        waiter = gated_section.apply_async(("cap", 0.1), queue=worker.queue)
-        wait_for(lambda: _held(app) == 1, 30, "the gate to hold the waiter")
-        held_from = time.monotonic()
-        wait_for(lambda: _held(app) == 0, 30, "the gate to let the waiter go")
-        held_for = time.monotonic() - held_from
-        assert not holder.ready(), "the holder ended first: the key was no longer busy"
-        holder.get(timeout=60)
-        waiter.get(timeout=60)
-    assert held_for < 5.0, held_for
-    report = check_witness(tmp / "witness-cap")
-    assert report.sections == 2 and report.overlaps == [], report
+        holder = gated_step.apply_async(("cap", -1, 120.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "steps-cap").exists(), 30, "the holder to start")
+        waiter = gated_step.apply_async(("cap", 0, 0.1), queue=worker.queue)
+        given_back = f"go back to the broker: {waiter.id}"
+        wait_for(lambda: worker.log_text().count(given_back) >= 2, 60, "two give-backs")
+        assert not holder.ready() and _held(app) <= 1
+        (tmp / "release-cap").touch()
+        assert holder.get(timeout=60) == -1 and waiter.get(timeout=60) == 0
+    starts = [r["seq"] for r in read_records(tmp / "steps-cap") if r["at"] == "start"]
+    assert starts == [-1, 0], starts
+    received = worker.log_text().count(f"[{waiter.id}] received")
+    assert received >= 3, received  # held, given back, received again (twice at least)

@@ -51,3 +51,27 @@ def test_readers_behind_a_held_writer_keep_their_turn() -> None:
     line.held.extend([writer, reader])
     assert line.next_ready() is None  # the writer is first in line, and blocked by the reader
     assert list(line.held) == [writer, reader]
+
+
+def test_a_line_goes_back_to_the_broker_from_the_first_message_at_its_bound() -> None:
+    """At the broker bound of one held message, it and every message behind it leave together,
+    in line order (none may overtake another of its key); those ahead of it stay."""
+    line = KeyLine("/zklock/t/k")
+    first = Held("r1", WRITE, 1.0, bound_at=20.0)
+    second = Held("r2", WRITE, 2.0, bound_at=10.0)  # received earlier (an ETA message)
+    third = Held("r3", WRITE, 3.0, bound_at=30.0)
+    line.held.extend([first, second, third])
+    assert line.take_due(9.0) == ([], [])
+    assert line.take_due(10.0) == ([], [second, third])
+    assert list(line.held) == [first]
+
+
+def test_a_timed_out_message_leaves_alone_for_the_pool() -> None:
+    line = KeyLine("/zklock/t/k")
+    first = Held("r1", WRITE, 1.0, bound_at=100.0, timeout_at=50.0)
+    second = Held("r2", WRITE, 2.0, bound_at=100.0, timeout_at=5.0)
+    line.held.extend([first, second])
+    assert first.next_at == 50.0 and second.next_at == 5.0
+    assert line.take_due(5.0) == ([second], [])
+    assert list(line.held) == [first]
+    assert line.take_due(100.0) == ([], [first])  # the bound wins over a later timeout

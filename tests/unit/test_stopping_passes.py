@@ -58,10 +58,9 @@ def test_stopping_is_the_soft_time_limit_and_lock_lost() -> None:
     "report",
     [
         lambda task: visibility.waiting(task, "/l/k", "holder"),
-        lambda task: visibility.granted_after_wait(task),
         lambda task: visibility.skipped(task, "/l/k", "holder", "busy"),
     ],
-    ids=["waiting", "granted-after-wait", "skipped"],
+    ids=["waiting", "skipped"],
 )
 def test_a_stop_in_the_visibility_reports_is_raised(stop: Exception, report: Any) -> None:
     with pytest.raises(type(stop)):
