@@ -84,6 +84,10 @@ class Gate:
         self._outage: Any = None
         self._next_due = float("inf")
         self._revoked_seen = (0, 0.0)
+        self._given_back: dict[str, tuple[float, float]] = {}
+        """Task id -> (when it first reached this gate, when to forget that) of messages given
+        back at the broker bound with a ``lock_timeout``: back here, their timeout goes on
+        from the first arrival instead of starting again."""
         self._started = threading.Event()
         self.grace = 0.0
         # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
@@ -173,9 +177,10 @@ class Gate:
             line = self.lines[path] = KeyLine(path)
         now = time.time()
         received = request.request_dict.get(RECEIPT_FIELD)
-        held = Held(request, kind, now, bound_at=_number(received, now) + self.config.max_hold)
+        due = self._given_back.pop(request.id, (now, now))[0]
+        held = Held(request, kind, due, bound_at=_number(received, now) + self.config.max_hold)
         if timeout is not None:
-            held.timeout_at = now + timeout
+            held.timeout_at = due + timeout
         if not line.held and line.queue is not None and line.watched:
             line.forget_ended(_running)
             if may_enter(kind, line.queue, [k for _, k in line.sent]):
@@ -292,6 +297,10 @@ class Gate:
         if look_revoked:
             self._revoked_seen = seen
         self._next_due = float("inf")
+        if self._given_back:  # fetched by another worker, or never again: forget in time
+            for task_id, (_, forget_at) in list(self._given_back.items()):
+                if forget_at <= now:
+                    del self._given_back[task_id]
         for line in list(self.lines.values()):
             if look_revoked or any(h.request.expires for h in line.held):
                 for held in [h for h in line.held if _revoked(h.request)]:
@@ -310,6 +319,10 @@ class Gate:
                     line.path,
                     " ".join(held.request.id for held in to_broker),
                 )
+                for held in to_broker:
+                    if held.timeout_at is not None:
+                        forget_at = held.timeout_at + self.config.max_hold
+                        self._given_back[held.request.id] = (held.due, forget_at)
                 give_back([held.request for held in to_broker])
             for held in line.held:
                 self._next_due = min(self._next_due, held.next_at)

@@ -67,3 +67,27 @@ def test_a_message_is_held_no_longer_than_max_hold(
     assert starts == [-1, 0], starts
     received = worker.log_text().count(f"[{waiter.id}] received")
     assert received >= 3, received  # held, given back, received again (twice at least)
+
+
+def test_a_call_given_back_keeps_its_lock_timeout(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """``zklock_gate_max_hold=1.5`` under a ``lock_timeout`` of 4 s, behind a holder that runs
+    until the test lets it go: the call goes back to the broker at each bound, and back at
+    the gate its timeout goes on from its first arrival (it restarted at each receipt, so the
+    call circulated for as long as the key was busy). It ends skipped, ``timeout``."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_step
+
+    with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE_MAX_HOLD": "1.5"}, tmp) as (worker,):
+        holder = gated_step.apply_async(("keep", -1, 120.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "steps-keep").exists(), 30, "the holder to start")
+        policy = {"timeout": 4, "on_timeout": "skip"}
+        waiter = gated_step.apply_async(("keep", 0, 0.1), queue=worker.queue, zklock=policy)
+        try:
+            skipped = waiter.get(timeout=60)
+        finally:
+            (tmp / "release-keep").touch()
+        assert holder.get(timeout=60) == -1
+    assert skipped["__zklock_skipped__"] and skipped["reason"] == "timeout", skipped
+    assert worker.log_text().count(f"go back to the broker: {waiter.id}") >= 2
