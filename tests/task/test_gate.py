@@ -35,17 +35,21 @@ def held_at_gate(app: Celery) -> dict[str, Any]:
 
 
 TASK_LINE = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (received|succeeded|raised|ignored|retry)")
+RUN_LINE = re.compile(r"/ForkPoolWorker-\d+\] zklock event=\S+ task_id=([0-9a-f-]{36})")
 
 
 def received_twice_while_held(log: str) -> list[str]:
-    """Task ids a worker's log shows received again before they ended and without the gate
-    having given them back to the broker in between: the broker handed out a copy of a message
-    the worker still held."""
+    """Task ids a worker's log shows received again while the first receipt was still held at
+    the gate: not yet given back to the broker, and not yet run in a pool process (whose first
+    lock event ends the hold). A copy of a message that waits in the pool past the visibility
+    timeout is Celery's own redelivery of an ``acks_late`` run, not a held message's."""
     holding: set[str] = set()
     twice = []
     for line in log.splitlines():
         if "go back to the broker:" in line:
             holding -= set(line.rsplit(":", 1)[1].split())
+        elif (run := RUN_LINE.search(line)) is not None:
+            holding.discard(run.group(1))
         elif (found := TASK_LINE.search(line)) is not None:
             task_id, what = found.groups()
             if what == "received":
@@ -102,19 +106,22 @@ def test_worker_killed_while_it_holds_messages_loses_none(
     hands them out again (RabbitMQ when the connection drops, Redis after its visibility
     timeout), and every call completes its body exactly once on the next worker."""
     _, _, tmp = taskenv
-    # Redis hands unacknowledged messages out again after 12 s: the new worker gets them soon,
-    # and the gate holds none past 80 % of it (the bound that keeps a held message from being
-    # handed to a second worker while the first still holds it). 12 s, not less: the killed
-    # run's copy waits in a pool slot for the dead session's node (7 s), and a copy of it
-    # handed out meanwhile would be Celery's own redelivery, not a held message's.
-    env = {**broker.env, "TASKAPP_VISIBILITY_TIMEOUT": "12"}
+    # Redis hands unacknowledged messages out again after 12 s, and the gate holds a message
+    # at most 6 s from its receipt (half of it, not the default 80 %: a message dispatched at
+    # the bound has its run's first lock event, after a redelivered run's 2 s settle look,
+    # logged well before the broker's 12 s, which is how the check below tells a held message
+    # from a running one; a copy of a running acks_late message is Celery's own redelivery).
+    env = {**broker.env, "TASKAPP_VISIBILITY_TIMEOUT": "12", "ZKLOCK_GATE_MAX_HOLD": "6"}
     sender, queue = broker.sender, broker.queues[0]
 
     # The first body holds 5 s: long enough to see the others held, however slowly the worker
     # fetches them one prefetch raise at a time (with 1 s a fresh-clone run on RabbitMQ, under
     # load, never saw 3 held at once).
+    # The others hold 3 s each: on the next worker the last waits 5 + 3 x 3 = 14 s behind the
+    # first, past the 12 s visibility timeout, so the gate must give held messages back at its
+    # bound (6 s from receipt) for none to be handed out again while held.
     calls = [
-        broker.send("gated_section", ("kill", 5.0 if i == 0 else 1.0), queue) for i in range(5)
+        broker.send("gated_section", ("kill", 5.0 if i == 0 else 3.0), queue) for i in range(5)
     ]
     with workers(sender, "prefork", 1, env, tmp, queues=[queue]) as (worker,):
         wait_for(lambda: (tmp / "witness-kill").exists(), 30, "the first body to start")
