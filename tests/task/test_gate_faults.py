@@ -18,6 +18,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import Mutex
+from celery_zklock.testing.plugin import StackFactory
 from tests.conftest import Broker
 from tests.lockutil import wait_for
 from tests.task.test_gate import held_at_gate
@@ -272,3 +273,27 @@ def test_a_retry_waits_its_own_lock_timeout(
             lease.release()
         result = call.get(timeout=30)
     assert result.get("retries") == 1, result
+
+
+def test_while_zookeeper_is_away_a_new_call_waits_behind_the_held_ones(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """Repro 4 (disconnected): ZooKeeper stops while the gate holds a call; a call of the same
+    key received meanwhile waits behind it at the gate (it went straight to the pool, ahead
+    of the held one). A 20 s session timeout keeps the gate from handing them over before
+    the test looks."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_step
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_SESSION_TIMEOUT": "20"}
+    with workers(app, "prefork", 1, env, tmp, prefix="away") as (worker,):
+        gated_step.apply_async(("away", -1, 120.0), queue=worker.queue)
+        wait_for(lambda: len(starts(tmp, "away")) == 1, 30, "the holder to start")
+        gated_step.apply_async(("away", 0, 0.1), queue=worker.queue)
+        wait_for(lambda: _held(app) == 1, 30, "the first call to be held")
+        server.stop()
+        later = gated_step.apply_async(("away", 1, 0.1), queue=worker.queue)
+        wait_for(lambda: f"[{later.id}] received" in worker.log_text(), 30, "its receipt")
+        assert _held(app) == 2
+        (tmp / "release-away").touch()
