@@ -190,7 +190,10 @@ def test_copy_of_a_semaphore_original_never_runs_beside_it(
     app, env, tmp = taskenv
     from tests.taskapp import acked_late_limited
 
-    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1"}
+    # Without the gate: with a 1 s visibility timeout it gives every held copy back to the
+    # broker at 0.8 s, again and again while the original runs, so no copy would wait in the
+    # queue beside the original, which is the case under test.
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "1", "ZKLOCK_GATE": "false"}
     with workers(app, "threads", 1, env, tmp, prefix="dupsem") as (worker,):
         original = acked_late_limited.apply_async(("sem", 60.0), queue=worker.queue)
         wait_for(lambda: read_records(tmp / "starts-sem"), 30, "the original to start")
