@@ -10,6 +10,8 @@ names follow Apache Curator so Java services and Python workers can share a lock
   like a mutex's: a semaphore is told apart by its limit, not by its nodes
 - ``_c_<uuid>-__WRIT__<seq>``   Curator ``InterProcessReadWriteLock`` write side
 - ``_c_<uuid>-__READ__<seq>``   Curator ``InterProcessReadWriteLock`` read side
+- ``_c_<uuid>-latch-<seq>``     Curator ``LeaderLatch`` and our :class:`LeaderLatch`: the first
+  contender leads (an exclusive queue)
 
 Contenders written by kazoo's recipes (``<hex>__lock__<seq>``, ``<hex>__rlock__<seq>``) on the
 same path are recognised and respected too. Contenders are ordered by the integer sequence
@@ -37,10 +39,12 @@ semaphore's nodes are named like a mutex's); ``lease`` is what a :class:`LockKin
 
 #: Marker written before the sequence number, and whether it excludes everyone ("write").
 MUTEX_MARKER = "lock-"
+LATCH_MARKER = "latch-"
 READ_MARKER = "__READ__"
 WRITE_MARKER = "__WRIT__"
 _KIND_OF_MARKER: dict[str, Kind] = {
     MUTEX_MARKER: "write",
+    LATCH_MARKER: "write",
     WRITE_MARKER: "write",
     READ_MARKER: "read",
     "__lock__": "write",  # kazoo Lock / WriteLock
@@ -48,7 +52,7 @@ _KIND_OF_MARKER: dict[str, Kind] = {
 }
 # The marker is the one adjacent to the trailing sequence digits; a greedy prefix finds it.
 _CHILD = re.compile(
-    r"^(?P<prefix>.*)(?P<marker>__READ__|__WRIT__|__rlock__|__lock__|lock-)(?P<seq>\d+)$"
+    r"^(?P<prefix>.*)(?P<marker>__READ__|__WRIT__|__rlock__|__lock__|lock-|latch-)(?P<seq>\d+)$"
 )
 # Children that end in a sequence but carry no known marker are still somebody's contender:
 # they are treated as exclusive so that we never run beside a lock we do not understand.
@@ -77,6 +81,8 @@ class LockKind:
 
 #: Curator ``InterProcessMutex`` / our :class:`~celery_zklock.Mutex`.
 MUTEX = LockKind(MUTEX_MARKER, "write")
+#: Curator ``LeaderLatch`` / our :class:`~celery_zklock.LeaderLatch`: the first contender leads.
+LATCH = LockKind(LATCH_MARKER, "write")
 #: Curator ``InterProcessReadWriteLock``, read side.
 READ = LockKind(READ_MARKER, "read")
 #: Curator ``InterProcessReadWriteLock``, write side.
