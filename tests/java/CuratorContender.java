@@ -7,6 +7,7 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
@@ -17,7 +18,8 @@ import org.apache.curator.retry.ExponentialBackoffRetry;
  * checked against the reference implementation on the same ZooKeeper path.
  *
  * <pre>
- * CuratorContender &lt;hosts&gt; &lt;lock-path&gt; &lt;mutex|read|write&gt; &lt;iterations&gt; &lt;hold-ms&gt;
+ * CuratorContender &lt;hosts&gt; &lt;lock-path&gt; &lt;mutex|read|write|latch&gt; &lt;iterations&gt;
+ *                  &lt;hold-ms&gt;
  *                  &lt;witness-file&gt; &lt;holder-prefix&gt;
  * </pre>
  *
@@ -27,6 +29,10 @@ import org.apache.curator.retry.ExponentialBackoffRetry;
  * {@code exit ...} and releases. A negative hold-ms holds until the next line (or end of file)
  * on standard input instead, so a test can look at the lock while it is held for sure. A mutex records mode {@code write}. Each witness line is one
  * write() on a stream opened in append mode (O_APPEND), as the witness format requires.
+ *
+ * <p>{@code latch} contends with Curator's {@code LeaderLatch} instead (participant id: the
+ * holder prefix): each iteration starts a new latch, awaits leadership, records the section
+ * while it leads (mode {@code write}) and closes the latch, which gives up the leadership.
  *
  * Exit status: 0 done, 1 unexpected error, 2 usage, 3 could not connect, 4 an acquire timed out.
  * The acquire timeout is 60 s unless -Dcontender.acquireTimeoutMs says otherwise.
@@ -43,7 +49,7 @@ public final class CuratorContender {
 
     public static void main(String[] args) throws Exception {
         if (args.length != 7) {
-            System.err.println("usage: CuratorContender <hosts> <lock-path> <mutex|read|write>"
+            System.err.println("usage: CuratorContender <hosts> <lock-path> <mutex|read|write|latch>"
                     + " <iterations> <hold-ms> <witness-file> <holder-prefix>");
             System.exit(2);
         }
@@ -55,8 +61,9 @@ public final class CuratorContender {
         String witnessFile = args[5];
         String prefix = args[6];
         long acquireTimeoutMs = Long.getLong("contender.acquireTimeoutMs", 60_000L);
-        if (!kind.equals("mutex") && !kind.equals("read") && !kind.equals("write")) {
-            System.err.println("lock kind must be mutex, read or write, not " + kind);
+        if (!kind.equals("mutex") && !kind.equals("read") && !kind.equals("write")
+                && !kind.equals("latch")) {
+            System.err.println("lock kind must be mutex, read, write or latch, not " + kind);
             System.exit(2);
         }
         String mode = kind.equals("read") ? "read" : "write";
@@ -74,7 +81,8 @@ public final class CuratorContender {
             System.out.println("ready");
             System.out.flush();
             awaitGo();
-            status = contend(lockFor(client, lockPath, kind), iterations, holdMs, acquireTimeoutMs,
+            status = contend(lockFor(client, lockPath, kind, prefix), iterations, holdMs,
+                    acquireTimeoutMs,
                     witness, prefix, mode);
         } finally {
             client.close();
@@ -82,8 +90,11 @@ public final class CuratorContender {
         System.exit(status);
     }
 
-    private static InterProcessLock lockFor(CuratorFramework client, String path, String kind) {
+    private static InterProcessLock lockFor(CuratorFramework client, String path, String kind,
+            String id) {
         switch (kind) {
+            case "latch":
+                return new LatchTerms(client, path, id);
             case "read":
                 return new InterProcessReadWriteLock(client, path).readLock();
             case "write":
@@ -121,6 +132,53 @@ public final class CuratorContender {
             throws IOException {
         // One write(byte[]) is one write() system call for a line this short.
         witness.write((kind + " " + holder + " " + mode + "\n").getBytes(StandardCharsets.UTF_8));
+    }
+
+    /** Leadership terms as a lock: acquire starts a LeaderLatch and awaits it, release closes it. */
+    private static final class LatchTerms implements InterProcessLock {
+        private final CuratorFramework client;
+        private final String path;
+        private final String id;
+        private LeaderLatch latch;
+
+        LatchTerms(CuratorFramework client, String path, String id) {
+            this.client = client;
+            this.path = path;
+            this.id = id;
+        }
+
+        @Override
+        public void acquire() throws Exception {
+            if (!acquire(Long.MAX_VALUE, TimeUnit.MILLISECONDS)) {
+                throw new IllegalStateException("not elected");
+            }
+        }
+
+        @Override
+        public boolean acquire(long time, TimeUnit unit) throws Exception {
+            LeaderLatch started = new LeaderLatch(client, path, id);
+            started.start();
+            if (started.await(time, unit)) {
+                latch = started;
+                return true;
+            }
+            started.close();
+            return false;
+        }
+
+        @Override
+        public void release() throws Exception {
+            LeaderLatch held = latch;
+            latch = null;
+            if (held != null) {
+                held.close();
+            }
+        }
+
+        @Override
+        public boolean isAcquiredInThisProcess() {
+            return latch != null && latch.hasLeadership();
+        }
     }
 
     private static void awaitGo() throws IOException {

@@ -6,7 +6,9 @@ Curator 5.4 jars Debian ships (``libcurator-recipes-java``) and started with
 with ``gate=True`` then waits until ``release_contenders`` lets it (and the others) go, so
 several contenders start contending at the same moment. A contender started with ``hold_ms=-1``
 holds each lock until ``release_hold`` (or ``wait_curator_contender``) tells it to let go, so
-a test can inspect a lock that is certainly held without guessing a duration.
+a test can inspect a lock that is certainly held without guessing a duration. Kind ``latch``
+contends with Curator's ``LeaderLatch`` (participant id: the holder prefix): each iteration is
+one term as leader, from ``await`` to ``close``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ _JARS = (
     "slf4j-nop",
 )
 
-ContenderKind = Literal["mutex", "read", "write"]
+ContenderKind = Literal["mutex", "read", "write", "latch"]
 
 
 class CuratorUnavailable(RuntimeError):
