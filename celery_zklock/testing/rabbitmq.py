@@ -124,20 +124,29 @@ class RabbitMQServer(OneProcessService):
         """Close every client connection of the node (``rabbitmqctl close_all_connections``):
         what a passed ``consumer_timeout`` does to a consumer's channel, or a cut its
         heartbeats notice. The messages they held unacknowledged go back to their queues."""
+        self._ctl("close_all_connections", reason, timeout=timeout)
+
+    def set_consumer_timeout(self, seconds: float, check_every: float = 60.0) -> None:
+        """Set the node's ``consumer_timeout`` and how often a channel checks it (its
+        ``channel_tick_interval``; 60 s is RabbitMQ's own) for the channels opened from now on:
+        a channel holding a delivery unacknowledged longer is closed with ``406
+        PRECONDITION_FAILED`` at its next check. ``set_consumer_timeout(1800)`` restores both
+        defaults (channels opened meanwhile keep what they read when they opened)."""
+        for key, value in (("consumer_timeout", seconds), ("channel_tick_interval", check_every)):
+            self._ctl("eval", f"application:set_env(rabbit, {key}, {round(value * 1000)}).")
+
+    def _ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl`` against the node; its output (StackError if it fails)."""
         child = self._child
         if child is None or child.env is None or not child.is_running():
             raise StackError(f"{self!r} is not running")
-        command = [str(RABBITMQCTL), "-n", child.env["RABBITMQ_NODENAME"]]
+        command = [str(RABBITMQCTL), "-n", child.env["RABBITMQ_NODENAME"], *args]
         done = subprocess.run(
-            [*command, "close_all_connections", reason],
-            env=child.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            command, env=child.env, capture_output=True, text=True, timeout=timeout, check=False
         )
         if done.returncode != 0:
-            raise StackError(f"rabbitmqctl close_all_connections failed: {done.stderr.strip()}")
+            raise StackError(f"rabbitmqctl {args[0]} failed: {done.stderr.strip()}")
+        return done.stdout
 
     @property
     def url(self) -> str:
