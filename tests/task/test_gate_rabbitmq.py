@@ -64,14 +64,15 @@ def short_consumer_timeout(rabbitmq_server: RabbitMQServer) -> Iterator[None]:
 def start(
     app: Celery, name: str, env: dict[str, str], tmp: Path, max_hold: float, *settings: str
 ) -> Worker:
-    """A prefork worker (concurrency 2) of ``q0`` whose gate holds a message at most
-    ``max_hold`` s, once its gate is connected; ``settings`` are Celery settings
-    (``name=value``) for its command line."""
+    """A prefork worker (concurrency 2) whose gate holds a message at most ``max_hold`` s,
+    consuming ``q0`` once its gate is connected (until its client connects, the gate lets
+    messages through to the pool); ``settings`` are Celery settings (``name=value``) for its
+    command line."""
     command = [*celery_command("tests.taskapp", "prefork", 2), *settings]
     worker = Worker(
         command,
         nodename=f"{name}@%h",
-        queues=["q0"],
+        queues=[f"idle-{name}"],
         log_path=tmp / f"worker-{name}.log",
         cwd=ROOT,
         env={**env, "ZKLOCK_GATE_MAX_HOLD": str(max_hold)},
@@ -79,8 +80,9 @@ def start(
     worker.spawn()
     try:
         wait_until_answering(app, [worker], timeout=60)
-        # Until its client connects, the gate lets messages through to the pool.
         wait_for(lambda: GATE_CONNECTED in worker.log_text(), 60, f"{name}'s gate to connect")
+        answer = app.control.add_consumer("q0", destination=[worker.nodename], reply=True)
+        assert answer and "ok" in answer[0][worker.nodename], answer
     except BaseException:
         worker.stop(STOP_GRACE)
         raise
