@@ -16,6 +16,7 @@ from celery_zklock.errors import (
 )
 from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import (
+    LeaderLatch,
     Lease,
     LimitMismatch,
     MultiLock,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AlreadyQueued",
     "ConfigurationError",
+    "LeaderLatch",
     "Lease",
     "LimitMismatch",
     "LockBusy",

@@ -1,6 +1,7 @@
 """Lock recipes on ZooKeeper, usable with any kazoo client and without Celery."""
 
 from celery_zklock.locks.contenders import LimitMismatch
+from celery_zklock.locks.leader import LeaderLatch
 from celery_zklock.locks.lease import Lease
 from celery_zklock.locks.multi import MultiLease, MultiLock
 from celery_zklock.locks.mutex import Mutex
@@ -10,6 +11,7 @@ from celery_zklock.locks.rwlock import ReadWriteLock
 from celery_zklock.locks.semaphore import Semaphore
 
 __all__ = [
+    "LeaderLatch",
     "Lease",
     "LimitMismatch",
     "MultiLease",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Literal, overload
 from uuid import uuid4
 
@@ -23,11 +24,25 @@ from kazoo.exceptions import (
 
 from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
 from celery_zklock.locks.breaks import DELETED
-from celery_zklock.locks.calls import Deadline
+from celery_zklock.locks.calls import Deadline, Outage
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
 from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.queue import ContenderQueue, SessionGone
+
+
+def _or_cancelled(outage: Outage | None, cancel: Callable[[], bool] | None) -> Outage | None:
+    """``outage`` (a deadline's check, or None) that also names a reason once ``cancel()``
+    is true."""
+    if cancel is None:
+        return outage
+
+    def check() -> str | None:
+        if cancel():
+            return "the acquire was cancelled"
+        return None if outage is None else outage()
+
+    return check
 
 
 class Mutex:
@@ -72,14 +87,29 @@ class Mutex:
 
     @overload
     def acquire(
-        self, *, blocking: Literal[True] = ..., timeout: float | None = ..., data: bytes = ...
+        self,
+        *,
+        blocking: Literal[True] = ...,
+        timeout: float | None = ...,
+        data: bytes = ...,
+        cancel: Callable[[], bool] | None = ...,
     ) -> Lease: ...
     @overload
     def acquire(
-        self, *, blocking: bool, timeout: float | None = ..., data: bytes = ...
+        self,
+        *,
+        blocking: bool,
+        timeout: float | None = ...,
+        data: bytes = ...,
+        cancel: Callable[[], bool] | None = ...,
     ) -> Lease | None: ...
     def acquire(
-        self, *, blocking: bool = True, timeout: float | None = None, data: bytes = b""
+        self,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        data: bytes = b"",
+        cancel: Callable[[], bool] | None = None,
     ) -> Lease | None:
         """Acquire the lock.
 
@@ -92,6 +122,12 @@ class Mutex:
                 session timeout.
             data: bytes stored in our contender node (who we are, for operators and for
                 :meth:`blocker_data`); Curator stores the client's IP there.
+            cancel: asked while the acquire waits (for other holders or for an answer), at
+                least every :data:`~celery_zklock.zk.calls.WAIT_SLICE` seconds: once it returns
+                true the acquire gives up, as at a passed deadline (LockTimeout, or
+                ZooKeeperUnavailable while it waited for an answer), leaving no node behind.
+                For a thread that must stop waiting when its owner stops
+                (:class:`~celery_zklock.LeaderLatch`).
 
         Returns:
             A :class:`Lease`; ``None`` only for a try-lock that found the lock busy.
@@ -122,7 +158,7 @@ class Mutex:
         reentered = self._reenter(thread_id)
         if reentered is not None:
             return Lease(reentered, self._release)
-        wait, io = self._deadlines(blocking, timeout)
+        wait, io = self._deadlines(blocking, timeout, cancel)
         try:
             context.ensure_timeout_known(io)
             hold = self._acquire_node(blocking, wait, io, thread_id, data)
@@ -141,20 +177,27 @@ class Mutex:
         context.clock.track(hold)
         return Lease(hold, self._release)
 
-    def _deadlines(self, blocking: bool, timeout: float | None) -> tuple[Deadline, Deadline]:
+    def _deadlines(
+        self, blocking: bool, timeout: float | None, cancel: Callable[[], bool] | None = None
+    ) -> tuple[Deadline, Deadline]:
         """The deadline of the wait for other holders, and the one of each request's answer.
 
         The answers' deadline also gives up once the client has been without a connection
         for a session timeout during this acquire (:meth:`ClientContext.outage
         <celery_zklock.locks.context.ClientContext.outage>`), whatever ``timeout`` is left:
         every wait of the acquire is bounded by it (a lost connection wakes the wait for
-        other holders, which then waits for answers)."""
+        other holders, which then waits for answers). A ``cancel`` that returns true ends
+        both."""
         context = self._context
-        outage = context.outage(time.monotonic())
+        outage = _or_cancelled(context.outage(time.monotonic()), cancel)
         if timeout is None:
             wait = Deadline(None, outage)
             return wait, (wait if blocking else Deadline(context.session_timeout, outage))
-        return Deadline(timeout), Deadline(max(timeout, context.timing.idle_gap), outage)
+        cancelled = _or_cancelled(None, cancel)
+        return (
+            Deadline(timeout, cancelled),
+            Deadline(max(timeout, context.timing.idle_gap), outage),
+        )
 
     def _reenter(self, thread_id: int) -> Hold | None:
         context = self._context
