@@ -65,7 +65,7 @@ from benchmarks.common import (
     zookeeper,
 )
 from benchmarks.report import render_markdown, targets
-from celery_zklock.validate import argument, positive_int
+from celery_zklock.zk.validate import argument, positive_int
 
 #: Sections that start their own ZooKeeper (and get None for the section's server).
 OWN_STACK = frozenset({"gate", "sizing"})

@@ -18,8 +18,8 @@ from typing import Any
 from celery import Celery
 
 from celery_zklock import ZkLockTask
-from celery_zklock.session import close_clients
 from celery_zklock.testing.zookeeper import ZooKeeperServer
+from celery_zklock.zk.client import close_clients
 
 
 def main(argv: list[str]) -> int:

@@ -61,10 +61,10 @@ from benchmarks.common import (
     warm_zookeeper,
 )
 from benchmarks.contenders import Contender, Tally, section_settings
-from celery_zklock.session import close_clients
 from celery_zklock.testing import ZooKeeperServer
 from celery_zklock.testing.celery_worker import CeleryWorker, celery_command, wait_until_answering
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
+from celery_zklock.zk.client import close_clients
 from workers.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -38,9 +38,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from celery_zklock.locks.adapter import create_node_and_parent_async, created_with_parent
 from celery_zklock.testing import RedisServer, ZooKeeperServer
 from celery_zklock.testing.zookeeper import four_letter_word, srvr
+from celery_zklock.zk.adapter import create_node_and_parent_async, created_with_parent
 
 MIN_REPEATS = 5
 #: Session timeout of the worker processes' clients: long, so a busy machine expires none.

@@ -30,8 +30,8 @@ from benchmarks.celery_app import (
 )
 from benchmarks.common import Progress, median, mntr, percentile, ratio
 from benchmarks.contenders import Contender, Tally, section_settings
-from celery_zklock.session import close_clients
 from celery_zklock.testing import ZooKeeperServer
+from celery_zklock.zk.client import close_clients
 
 ROOT = "/bench-enqueue"
 #: Redis key patterns of the two Redis libraries' locks (their defaults).

@@ -46,7 +46,7 @@ CHILD = f"""
 import itertools, os, sys, types
 from celery.app.trace import setup_worker_optimizations
 from benchmarks import task_layer
-from celery_zklock.session import close_clients
+from celery_zklock.zk.client import close_clients
 cycle, calls, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 app = task_layer._app(types.SimpleNamespace(hosts=os.environ[{_HOSTS_VARIABLE!r}]))
 setup_worker_optimizations(app, hostname="bench@instructions")

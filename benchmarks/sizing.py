@@ -5,8 +5,8 @@
    the way a prefork worker calls it (:func:`benchmarks.task_layer._as_worker`), exclusive,
    shared and semaphore (``lock_limit=3``), exclusive on one key for every call (its container
    kept), and exclusive ``wait`` through the worker's gate
-   (:class:`celery_zklock.gate.gate.Gate`, the real class, in front of a stand-in consumer that
-   runs its callbacks on this thread). Counted two ways: on the client, every request kazoo
+   (:class:`celery_zklock.worker.gate.gate.Gate`, the real class, in front of a stand-in consumer
+   that runs its callbacks on this thread). Counted two ways: on the client, every request kazoo
    queues (``KazooClient._call`` wrapped, by request type: :class:`RequestTally`); on the
    servers, the sum over the members of ``mntr`` ``zk_packets_received`` (pings included; the
    probes themselves taken off).
@@ -62,11 +62,11 @@ from benchmarks.common import (
 )
 from benchmarks.task_layer import _as_worker, _noop
 from celery_zklock import Mutex, ZkLockTask
-from celery_zklock.config import GateConfig, settings_of
-from celery_zklock.gate.gate import Gate
 from celery_zklock.locks.clock import timing_for
-from celery_zklock.session import close_clients, get_client
 from celery_zklock.testing import ZooKeeperEnsemble
+from celery_zklock.worker.gate.gate import Gate
+from celery_zklock.zk.client import close_clients, get_client
+from celery_zklock.zk.settings import GateConfig, settings_of
 
 #: The published ceiling (Hunt et al., USENIX ATC 2010): saturated writes/s on 3 servers.
 PUBLISHED_WRITES_PER_S = 21_000
@@ -106,7 +106,7 @@ class RequestTally:
     ``KazooClient._call``; :meth:`install` wraps that method on one client object (the class
     is untouched) and :meth:`remove` puts it back. A ``multi`` counts once, as ``Transaction``
     (kazoo's name), whatever it holds; the library's own container create is a ``multi``
-    (:mod:`celery_zklock.locks.adapter`), shown under its class name."""
+    (:mod:`celery_zklock.zk.adapter`), shown under its class name."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()

@@ -48,11 +48,11 @@ from benchmarks.common import (
     thread_affinities,
 )
 from celery_zklock import Mutex, ZkLockTask
-from celery_zklock.config import settings_of
 from celery_zklock.locks.contenders import WRITE
 from celery_zklock.locks.identity import identity
-from celery_zklock.session import close_clients, get_client
 from celery_zklock.testing import ZooKeeperServer
+from celery_zklock.zk.client import close_clients, get_client
+from celery_zklock.zk.settings import settings_of
 
 #: The most CPU the task layer may add per call over the recipe's own cycle (ms, median).
 TARGET_TASK_LAYER_MS = 0.05

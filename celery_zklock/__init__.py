@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from celery_zklock import gate as _gate  # noqa: F401  (adds the gate to workers)
-from celery_zklock.dedupe import AlreadyQueued
 from celery_zklock.errors import (
     ConfigurationError,
     LockBusy,
@@ -14,7 +12,6 @@ from celery_zklock.errors import (
     ZkLockError,
     ZooKeeperUnavailable,
 )
-from celery_zklock.keys import LockKeyError
 from celery_zklock.locks import (
     LeaderLatch,
     Lease,
@@ -25,8 +22,15 @@ from celery_zklock.locks import (
     ReadWriteLock,
     Semaphore,
 )
-from celery_zklock.policy import is_skipped
-from celery_zklock.task import ZkLockTask
+from celery_zklock.task.dedupe import AlreadyQueued
+from celery_zklock.task.keys import LockKeyError
+from celery_zklock.task.policy import is_skipped
+from celery_zklock.task.task import ZkLockTask, when_bound
+from celery_zklock.worker import wiring
+
+# Nothing is connected at import: the worker wiring is installed when a ZkLockTask is first bound
+# to an app (a worker binds its app's tasks before it starts).
+when_bound(wiring.install)
 
 if TYPE_CHECKING:
     from celery_zklock.fence import RedisFence as RedisFence

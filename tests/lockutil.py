@@ -10,7 +10,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from celery_zklock.interrupt import _MainThreadSignal
+from celery_zklock.task.interrupt import _MainThreadSignal
 from celery_zklock.testing.zookeeper import four_letter_word
 
 
@@ -113,8 +113,8 @@ def watches_by_path(hosts: str) -> dict[str, list[str]]:
 
 def task_client(task: Any) -> KazooClient:
     """The kazoo client the locked runs of ``task`` use in this process."""
-    from celery_zklock.config import settings_of
-    from celery_zklock.session import get_client
+    from celery_zklock.zk.client import get_client
+    from celery_zklock.zk.settings import settings_of
 
     return get_client(settings_of(task.app).client)
 

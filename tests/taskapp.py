@@ -22,7 +22,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
 from celery_zklock.locks import MultiLease
-from celery_zklock.options import request_overrides
+from celery_zklock.task.options import request_overrides
 from celery_zklock.testing import introspect  # noqa: F401  (the zklock_live command)
 from celery_zklock.testing.witness import Witness
 from tests.lockutil import task_client
@@ -388,7 +388,7 @@ def received(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
 
 @app.task(bind=True, zklock_accepts_skipped=True)
 def received_skips(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
-    """:func:`received`, opted in to get skip markers (celery_zklock.canvas)."""
+    """:func:`received`, opted in to get skip markers (celery_zklock.task.canvas)."""
     _append(DIR / "received", {"task_id": self.request.id, "tag": tag, "value": value})
     return {"received": value}
 
@@ -400,9 +400,23 @@ def received_skips(self: Any, value: Any, tag: str = "") -> dict[str, Any]:
 def gated_failing(self: Any, key: str, hold_s: float) -> None:
     """A ``wait`` task whose body records its start, holds ``hold_s`` and raises: a FAILURE
     that a copy handed out again must not run a second time."""
-    _append(DIR / f"starts-{key}", {"task_id": self.request.id, "token": self.lock.token})
+    _fail_after(self, key, hold_s)
+
+
+def _fail_after(task: Any, key: str, hold_s: float) -> None:
+    _append(DIR / f"starts-{key}", {"task_id": task.request.id, "token": task.lock.token})
     time.sleep(hold_s)
-    raise ValueError(f"gated_failing {key} fails on purpose")
+    raise ValueError(f"{task.name} {key} fails on purpose")
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=120, acks_late=True, reject_on_worker_lost=True, track_started=True,
+)  # fmt: skip
+def gated_failing_tracked(self: Any, key: str, hold_s: float) -> None:
+    """:func:`gated_failing` with ``track_started``: Celery writes STARTED for a copy's run
+    before the run looks for its original's final state."""
+    _fail_after(self, key, hold_s)
 
 
 @app.task(

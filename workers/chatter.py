@@ -18,10 +18,10 @@ from typing import Any, Final
 
 from celery.worker.control import control_command
 
-from celery_zklock.config import settings_of
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import get_client
-from celery_zklock.validate import seconds
+from celery_zklock.zk.client import get_client
+from celery_zklock.zk.settings import settings_of
+from celery_zklock.zk.validate import seconds
 
 __all__ = ["CHATTER_COMMAND", "IN_PROCESS_POOLS", "start_chatter", "stop_chatter"]
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from celery_zklock import is_skipped
-from celery_zklock.run import PREEMPTED
+from celery_zklock.task.run import PREEMPTED
 from celery_zklock.testing.exclusion import Exclusion
 from workers.admissions import Admission, RateOverrun, rate_overruns
 from workers.record import (

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from celery_zklock.cli import Subcommand
+from celery_zklock.testing.cli import Subcommand
 from workers.compose import BASE_IMAGE, ComposeProject, DockerEngine, DockerError, build_images
 from workers.docker_faults import DOCKER_FAULT_KINDS
 from workers.loadtest import External, LoadConfig, config_from_args, configure_parser, run_loadtest

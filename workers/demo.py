@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Final
 
-from celery_zklock.cli import Subcommand
+from celery_zklock.testing.cli import Subcommand
 from workers.loadtest import LoadConfig, config_from_args, configure_parser, run_command
 
 __all__ = ["COMMAND", "DEMO", "main"]

@@ -33,7 +33,6 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock import is_skipped
-from celery_zklock.cli import Subcommand
 from celery_zklock.locks.rate import RATE_NODE
 from celery_zklock.testing import (
     RedisServer,
@@ -42,10 +41,11 @@ from celery_zklock.testing import (
     ZooKeeperOptions,
     ZooKeeperServer,
 )
+from celery_zklock.testing.cli import Subcommand
 from celery_zklock.testing.processes import make_temp_dir, remove_temp_dir
 from celery_zklock.testing.rabbitmq import RabbitMQServer
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
-from celery_zklock.validate import argument, positive_int, seconds
+from celery_zklock.zk.validate import argument, positive_int, seconds
 from workers.app import create_app
 from workers.chatter import IN_PROCESS_POOLS
 from workers.checker import RunReport, TaskOutcome, check_run

@@ -39,7 +39,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.validate import positive_int, seconds, znode_path
+from celery_zklock.zk.validate import positive_int, seconds, znode_path
 
 __all__ = [
     "AMQP_SCHEMES",

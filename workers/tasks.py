@@ -37,14 +37,14 @@ import redis
 from celery import Celery
 
 from celery_zklock import LockLost, ZkLockTask
-from celery_zklock.config import settings_of
 from celery_zklock.errors import LossCode
 from celery_zklock.fence import FenceOutcome, RedisFence
 from celery_zklock.locks import MultiLease
 from celery_zklock.locks.rate import parse_rate
-from celery_zklock.options import request_overrides
-from celery_zklock.run import PREEMPTED
-from celery_zklock.session import get_client
+from celery_zklock.task.options import request_overrides
+from celery_zklock.task.run import PREEMPTED
+from celery_zklock.zk.client import get_client
+from celery_zklock.zk.settings import settings_of
 from workers.admissions import find_admission
 from workers.record import PREEMPTED_OUTCOME, Mode, SectionEvent, SectionRecorder
 

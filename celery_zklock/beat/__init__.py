@@ -18,7 +18,7 @@ from celery_zklock.beat.state import (
     record_of,
     records_of_new_entries,
 )
-from celery_zklock.config import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
+from celery_zklock.zk.settings import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
 
 __all__ = [
     "DEFAULT_SCHEDULER",

@@ -37,11 +37,12 @@ from celery_zklock.beat.state import (
     record_of,
     records_of_new_entries,
 )
-from celery_zklock.config import DEFAULT_BEAT_SCHEDULER, settings_of, text_setting
 from celery_zklock.errors import ConfigurationError, ZooKeeperUnavailable
-from celery_zklock.locks import Lease, Mutex, adapter
-from celery_zklock.session import new_client, tls_problem
-from celery_zklock.validate import forbidden_in_znode
+from celery_zklock.locks import Lease, Mutex
+from celery_zklock.zk import adapter
+from celery_zklock.zk.client import new_client, tls_problem
+from celery_zklock.zk.settings import DEFAULT_BEAT_SCHEDULER, settings_of, text_setting
+from celery_zklock.zk.validate import forbidden_in_znode
 
 logger = logging.getLogger("celery_zklock.beat")
 
@@ -77,7 +78,7 @@ class BeatSettings:
 def beat_settings(app: Any) -> BeatSettings:
     """The beat settings of ``app``: ``zklock_beat_name`` (env ``ZKLOCK_BEAT_NAME``, default
     ``app.main``), ``zklock_beat_scheduler`` (env ``ZKLOCK_BEAT_SCHEDULER``, default
-    :data:`~celery_zklock.config.DEFAULT_BEAT_SCHEDULER`) and the lock root.
+    :data:`~celery_zklock.zk.settings.DEFAULT_BEAT_SCHEDULER`) and the lock root.
 
     Raises ConfigurationError naming the bad setting: a name that is not one znode name (empty,
     ``.``, ``..``, a ``/`` or a character ZooKeeper refuses), no name at all (an app without a

@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from celery_zklock.locks.calls import Deadline, wait_result
+from celery_zklock.zk.calls import Deadline, wait_result
 
 logger = logging.getLogger("celery_zklock.beat")
 

@@ -30,10 +30,10 @@ from kazoo.exceptions import ConnectionClosedError, NoNodeError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
-from celery_zklock.locks import adapter
-from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.identity import break_reason
 from celery_zklock.locks.lease import Hold
+from celery_zklock.zk import adapter
+from celery_zklock.zk.calls import Deadline, wait_result
 
 logger = logging.getLogger("celery_zklock.locks")
 

@@ -66,8 +66,8 @@ from kazoo.client import KazooClient
 
 from celery_zklock.errors import ConfigurationError, LossCode, ZooKeeperUnavailable
 from celery_zklock.locks.breaks import BreakWatches
-from celery_zklock.locks.calls import Deadline, wait_result
 from celery_zklock.locks.lease import Hold
+from celery_zklock.zk.calls import Deadline, wait_result
 
 logger = logging.getLogger("celery_zklock.locks")
 

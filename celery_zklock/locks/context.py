@@ -37,9 +37,9 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
-from celery_zklock.locks import adapter
-from celery_zklock.locks.calls import Deadline, Outage, wait_slice
 from celery_zklock.locks.clock import LeaseClock, LeaseTiming, timing_for
+from celery_zklock.zk import adapter
+from celery_zklock.zk.calls import Deadline, Outage, wait_slice
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -169,7 +169,7 @@ class ClientContext:
 
     def outage(self, start: float) -> Outage:
         """The outage check of a wait that began at ``start`` (monotonic s), for its
-        :class:`~celery_zklock.locks.calls.Deadline`: it names a reason once the client has
+        :class:`~celery_zklock.zk.calls.Deadline`: it names a reason once the client has
         been without a connection, or without an answer, for a session timeout counted from
         when that began or from ``start``, whichever came later; else None.
 
@@ -230,7 +230,7 @@ class ClientContext:
 
     def await_connected(self, deadline: Deadline, what: str) -> None:
         """Wait until the client is connected; ZooKeeperUnavailable at ``deadline``, or within
-        a :data:`~celery_zklock.locks.calls.WAIT_SLICE` of the client becoming unusable (see
+        a :data:`~celery_zklock.zk.calls.WAIT_SLICE` of the client becoming unusable (see
         :meth:`check_usable`), which no state change need announce.
 
         Retrying a request at once after ConnectionLoss or SessionExpired would spin: while the

@@ -8,7 +8,7 @@ several versions share one lock during a rolling deploy, and Curator contenders 
 data (their IP address) in the same queue, which parses as a foreign :class:`Identity` (``ours``
 False). Fields are only ever added: a reader finds a field of a newer version ignored, and one
 an older version did not write missing (``generation`` None: such a holder counts as older
-than any call, see :mod:`celery_zklock.generation`).
+than any call, see :mod:`celery_zklock.task.generation`).
 
 A **break request** (:func:`with_break_request`, :func:`break_reason`): an operator asks a stuck
 holder to let go by writing ``{"broken": {"by", "at", "reason"}}`` into the holder's own node
@@ -71,7 +71,7 @@ class Identity:
     ``ours`` is False for data that is not a JSON object (a Curator contender stores its IP
     address): such a holder is named by its node only, and cannot hear a break request.
     ``broken`` is the break request written into the node, if any (``by``, ``at``, ``reason``).
-    ``generation`` is the call's (:mod:`celery_zklock.generation`), None when the node has none
+    ``generation`` is the call's (:mod:`celery_zklock.task.generation`), None when the node has none
     (an older version's run, a holder that is not a task run).
     """
 

@@ -41,12 +41,12 @@ from kazoo.exceptions import (
 )
 
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
-from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind
 from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.locks.lease import Lease, LostCallback, holds_of
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.queue import validate_lock_path
+from celery_zklock.zk.calls import Deadline
 
 logger = logging.getLogger("celery_zklock.locks")
 

@@ -24,11 +24,11 @@ from kazoo.exceptions import (
 
 from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
 from celery_zklock.locks.breaks import DELETED
-from celery_zklock.locks.calls import Deadline, Outage
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
 from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.queue import ContenderQueue, SessionGone
+from celery_zklock.zk.calls import Deadline, Outage
 
 
 def _or_cancelled(outage: Outage | None, cancel: Callable[[], bool] | None) -> Outage | None:

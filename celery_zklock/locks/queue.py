@@ -62,8 +62,6 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
-from celery_zklock.locks import adapter
-from celery_zklock.locks.calls import Deadline, synced_children, wait_result, wait_slice
 from celery_zklock.locks.contenders import (
     Contender,
     LockKind,
@@ -75,6 +73,8 @@ from celery_zklock.locks.contenders import (
     queue_of,
 )
 from celery_zklock.locks.context import ClientContext
+from celery_zklock.zk import adapter
+from celery_zklock.zk.calls import Deadline, synced_children, wait_result, wait_slice
 
 logger = logging.getLogger("celery_zklock.locks")
 

@@ -20,7 +20,7 @@ from celery_zklock.testing.processes import (
     OneProcessService,
     free_port,
 )
-from celery_zklock.validate import positive_int
+from celery_zklock.zk.validate import positive_int
 
 __all__ = ["APPENDFSYNC_POLICIES", "RedisServer"]
 

@@ -52,7 +52,7 @@ from celery_zklock.testing.security import (
     server_config_lines,
     server_jvm_flags,
 )
-from celery_zklock.validate import positive_int
+from celery_zklock.zk.validate import positive_int
 
 __all__ = [
     "ZooKeeperEnsemble",

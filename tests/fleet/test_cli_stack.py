@@ -17,8 +17,8 @@ import pytest
 import redis
 from kazoo.client import KazooClient
 
-from celery_zklock import cli
-from celery_zklock.cli import build_parser, main
+from celery_zklock.testing import cli
+from celery_zklock.testing.cli import build_parser, main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPORT_RE = re.compile(r"^export (ZKLOCK_HOSTS|ZKLOCK_BROKER_URL)=(\S+)$")
@@ -55,7 +55,7 @@ class StackUp:
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery_zklock.cli", "stack", "up", *args],
+            [sys.executable, "-m", "celery_zklock.testing.cli", "stack", "up", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,

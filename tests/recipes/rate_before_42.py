@@ -16,9 +16,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock.errors import ConfigurationError, LockTimeout
-from celery_zklock.locks.calls import Deadline, wait_result, wait_slice
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.queue import make_containers, pipelined, validate_lock_path
+from celery_zklock.zk.calls import Deadline, wait_result, wait_slice
 
 __all__ = ["Rate", "RateLimit", "parse_rate"]
 

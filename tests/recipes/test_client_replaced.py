@@ -8,9 +8,9 @@ from typing import Any
 
 from kazoo.retry import KazooRetry
 
-from celery_zklock.config import ClientConfig
-from celery_zklock.locks import adapter
-from celery_zklock.session import get_client
+from celery_zklock.zk import adapter
+from celery_zklock.zk.client import get_client
+from celery_zklock.zk.settings import ClientConfig
 
 
 def test_a_client_that_gave_up_is_replaced(zk_stack_factory: Any) -> None:

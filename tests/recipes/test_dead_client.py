@@ -18,8 +18,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from celery_zklock import Mutex, ZooKeeperUnavailable
-from celery_zklock.locks import adapter
 from celery_zklock.testing.proxy import TcpProxy
+from celery_zklock.zk import adapter
 from tests.lockutil import children, in_thread, wait_for
 
 

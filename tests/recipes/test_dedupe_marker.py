@@ -1,4 +1,4 @@
-"""The enqueue-time dedupe marker (celery_zklock.dedupe) on a real ZooKeeper: one winner among
+"""The enqueue-time dedupe marker (celery_zklock.task.dedupe) on a real ZooKeeper: one winner among
 concurrent claimers, release by its owner only, a stale marker replaced by exactly one caller,
 and TTL nodes where the server enables them."""
 
@@ -12,7 +12,7 @@ import pytest
 from celery import states
 from kazoo.client import KazooClient
 
-from celery_zklock.dedupe import Marker, claim, marker_path, release
+from celery_zklock.task.dedupe import Marker, claim, marker_path, release
 from celery_zklock.testing.plugin import StackFactory
 from tests.lockutil import wait_for
 

@@ -16,8 +16,8 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from celery_zklock.delivery import wait_gone
 from celery_zklock.errors import ZooKeeperUnavailable
+from celery_zklock.task.delivery import wait_gone
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
 

@@ -27,10 +27,10 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import KazooState
 
-from celery_zklock.config import ClientConfig
-from celery_zklock.kazoo_handler import DirectSocketConnection
-from celery_zklock.locks import adapter
-from celery_zklock.session import new_client
+from celery_zklock.zk import adapter
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.handler import DirectSocketConnection
+from celery_zklock.zk.settings import ClientConfig
 from tests.lockutil import wait_for
 
 #: How long one request may take to be answered or failed, even across a reconnect.

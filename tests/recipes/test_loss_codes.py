@@ -13,8 +13,8 @@ from kazoo.client import KazooClient
 
 from celery_zklock import Lease, LockLost, Mutex
 from celery_zklock.errors import LossCode
-from celery_zklock.holders import request_break
 from celery_zklock.locks.clock import LeaseTiming
+from celery_zklock.locks.holders import request_break
 from celery_zklock.testing.proxy import TcpProxy
 from tests.lockutil import expire_session, wait_for, watches_by_path
 

@@ -8,8 +8,8 @@ import time
 from kazoo.client import KazooClient
 
 from celery_zklock import Mutex
-from celery_zklock.locks import adapter
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.zk import adapter
 
 
 def test_the_server_capped_timeout_is_known_for_a_client_started_first(

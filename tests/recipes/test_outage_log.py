@@ -1,5 +1,5 @@
 """kazoo's reconnect warnings during an outage: one line per outage per process
-(celery_zklock.outages), on a real ZooKeeper behind a proxy that refuses connections."""
+(celery_zklock.zk.outages), on a real ZooKeeper behind a proxy that refuses connections."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from celery_zklock import outages
-from celery_zklock.config import ClientConfig
-from celery_zklock.session import new_client
 from celery_zklock.testing.proxy import TcpProxy
+from celery_zklock.zk import outages
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.settings import ClientConfig
 from tests.lockutil import wait_for
 
 

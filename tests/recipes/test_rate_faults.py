@@ -12,9 +12,9 @@ from kazoo.client import KazooClient
 
 from celery_zklock import RateLimit
 from celery_zklock.locks import rate
-from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.rate import Admission
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.zk.calls import Deadline
 from tests.lockutil import expire_session, in_thread, wait_for
 
 

@@ -22,12 +22,12 @@ from kazoo.exceptions import AuthFailedError, ConnectionClosedError, NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import make_acl, make_digest_acl
 
-from celery_zklock.config import client_config
-from celery_zklock.session import new_client
 from celery_zklock.testing import StackError, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.security import ZooKeeperSecurity
 from celery_zklock.testing.zookeeper import four_letter_word
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.settings import client_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFUSED_WITHIN = 2.0
@@ -99,6 +99,9 @@ def assert_refused(client: KazooClient, caplog: pytest.LogCaptureFixture, reason
 
 
 # ------------------------------------------------------------------------------------- TLS
+
+
+STACK_UP_SECURE = ("stack", "up", "--secure", "--no-redis")
 
 
 def test_tls_with_the_right_ca_and_hostname_serves(
@@ -307,7 +310,7 @@ def test_stack_up_secure_prints_tls_sasl_and_digest_settings_that_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_zklock.cli", "stack", "up", "--secure", "--no-redis"],
+        [sys.executable, "-m", "celery_zklock.testing.cli", *STACK_UP_SECURE],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},

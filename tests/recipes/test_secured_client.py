@@ -16,10 +16,10 @@ from kazoo.exceptions import NoAuthError
 from kazoo.protocol.states import KeeperState
 
 from celery_zklock import Mutex
-from celery_zklock.config import ClientConfig, client_config
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import close_clients, get_client
 from celery_zklock.testing import ZooKeeperServer
+from celery_zklock.zk.client import close_clients, get_client
+from celery_zklock.zk.settings import ClientConfig, client_config
 
 
 @pytest.fixture(autouse=True)

@@ -11,9 +11,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
-from celery_zklock import session
-from celery_zklock.config import ClientConfig
-from celery_zklock.session import get_client
+from celery_zklock.zk import client as session
+from celery_zklock.zk.client import get_client
+from celery_zklock.zk.settings import ClientConfig
 
 
 def test_a_client_whose_sasl_login_check_fails_is_stopped(

@@ -17,10 +17,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
-from celery_zklock.locks.calls import Deadline
 from celery_zklock.locks.contenders import MUTEX, Contender
 from celery_zklock.locks.context import context_for
 from celery_zklock.locks.queue import ContenderQueue, OrphanPurge, read_queues
+from celery_zklock.zk.calls import Deadline
 from tests.lockutil import wait_for
 
 PREFIX = "_c_0f2c9a3e-5b1d-4c7e-9a1f-3d2e4b5c6a7f-"

@@ -22,7 +22,7 @@ from celery.apps.beat import Beat
 from kazoo.client import KazooClient
 
 from celery_zklock.beat import LeaderScheduler, RunRecord, beat_settings, decode_state, encode_state
-from celery_zklock.config import forget_settings
+from celery_zklock.zk.settings import forget_settings
 from tests.lockutil import wait_for
 from tests.unit.test_beat_state import queue_size
 

@@ -1,4 +1,4 @@
-"""Skips inside chains, groups and chords on a real worker (celery_zklock.canvas, issue 34).
+"""Skips inside chains, groups and chords on a real worker (celery_zklock.task.canvas, issue 34).
 
 The lock of ``exclusive_section("busy", ...)`` is held by the test itself, so each call of it
 is skipped (``lock_on_busy="skip"``); ``received`` records and returns what it got, and

@@ -21,20 +21,21 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock import LockLost, Mutex
-from celery_zklock.commands import operator
-from celery_zklock.config import forget_settings
-from celery_zklock.holders import read_lock, request_break
 from celery_zklock.locks.clock import LeaseTiming
 from celery_zklock.locks.contenders import queue_of
+from celery_zklock.locks.holders import read_lock, request_break
 from celery_zklock.locks.semaphore import Semaphore
-from celery_zklock.session import close_clients
+from celery_zklock.ops.commands import operator
+from celery_zklock.zk.client import close_clients
+from celery_zklock.zk.settings import forget_settings
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for, watches_by_path
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, workers
 
 NO_GATE = {"ZKLOCK_GATE": "false"}
-"""Workers without the gate (celery_zklock.gate): their waiting runs are in the lock's queue."""
+"""Workers without the gate (celery_zklock.worker.gate): their waiting runs are in the lock's
+queue."""
 IDENTITY = json.dumps({"task_id": "recipe-run", "task": "none", "worker": "here", "pid": 1})
 
 

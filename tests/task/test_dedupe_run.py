@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 
 from celery_zklock import Mutex, ZkLockTask, signals
-from celery_zklock.dedupe import MARKER_SUFFIX
+from celery_zklock.task.dedupe import MARKER_SUFFIX
 
 
 @pytest.fixture

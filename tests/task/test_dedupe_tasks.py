@@ -18,7 +18,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_zklock.dedupe import AlreadyQueued
+from celery_zklock.task.dedupe import AlreadyQueued
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, workers

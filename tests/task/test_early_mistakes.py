@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_zklock import ConfigurationError
-from celery_zklock.config import forget_settings
+from celery_zklock.zk.settings import forget_settings
 from tests.lockutil import wait_for
 from tests.workerproc import ROOT, start_worker
 

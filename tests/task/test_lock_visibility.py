@@ -1,4 +1,4 @@
-"""What monitors see of a run's lock (celery_zklock.visibility), on a real `celery worker -E`:
+"""What monitors see of a run's lock (celery_zklock.task.visibility), on a real `celery worker -E`:
 a call waiting for its lock sends ``task-lock-waiting`` and writes nothing into its result; a
 skipped run sends ``task-lock-skipped`` with the reason."""
 
@@ -15,8 +15,8 @@ import pytest
 from celery import Celery
 
 from celery_zklock import is_skipped
+from celery_zklock.task.visibility import SKIPPED_EVENT, WAITING_EVENT
 from celery_zklock.testing.celery_worker import celery_command, wait_until_answering
-from celery_zklock.visibility import SKIPPED_EVENT, WAITING_EVENT
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, Worker

@@ -1,5 +1,6 @@
-"""celery_zklock.metrics on real `celery worker` processes and real ZooKeeper: a prefork worker
-(pool processes record, the main process serves) and a threads worker (in-process), each with
+"""The metrics (celery_zklock.worker.metrics) on real `celery worker` processes and real
+ZooKeeper: a prefork worker (pool processes record, the main process serves) and a threads
+worker (in-process), each with
 ``ZKLOCK_METRICS_PORT``; the counts scraped over HTTP are checked against the task results."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from celery_zklock import LockLost, is_skipped, signals
-from celery_zklock.metrics import LOST_REASONS
+from celery_zklock.task.metrics import LOST_REASONS
 from celery_zklock.testing.celery_worker import stop_all
 from celery_zklock.testing.processes import StackError
 from tests.lockutil import wait_for

@@ -1,6 +1,6 @@
 """``lock_on_busy="preempt"`` on a real prefork worker: the newest call wins, and the older
 body has exited before the newer one enters; a preempted run's retry never preempts back (the
-calls' generations, :mod:`celery_zklock.generation`), also beside a holder or a retry of a
+calls' generations, :mod:`celery_zklock.task.generation`), also beside a holder or a retry of a
 version that wrote no generation."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_the_client_factory_builds_each_process_client_and_loss_still_revokes(
         assert all(record["factory"] for record in records), "a lock used another client"
         calls = [call["pid"] for call in read_records(tmp / "factory-calls")]
         # One client per process, built in that process (after the fork): each pool
-        # process's, and the main process's own for its gate (celery_zklock.gate).
+        # process's, and the main process's own for its gate (celery_zklock.worker.gate).
         assert sorted(calls) == sorted({record["pid"] for record in records} | {worker.pid})
         # The lease clock still watches the factory's client: its session's loss revokes.
         expire_session_id(

@@ -14,8 +14,8 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import Mutex, ZkLockTask, is_skipped, signals
-from celery_zklock import run as run_module
 from celery_zklock.locks import MultiLease
+from celery_zklock.task import run as run_module
 from celery_zklock.testing.witness import check_witness
 from tests.lockutil import children, expire_session, wait_for, watches_by_path
 from tests.workerproc import workers

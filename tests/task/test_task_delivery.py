@@ -1,6 +1,6 @@
 """Duplicate delivery in real `celery worker`s: a copy of a message whose task already has a node
 in the lock's queue never runs the body beside or after a live original, and a copy whose
-original died runs (see celery_zklock/delivery.py)."""
+original died runs (see celery_zklock/task/delivery.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import ConfigurationError, LockLost, ZkLockTask, signals
-from celery_zklock.interrupt import Interruption, _MainThreadSignal, arm, interrupt_signal
+from celery_zklock.task.interrupt import Interruption, _MainThreadSignal, arm, interrupt_signal
 from tests.lockutil import (
     children,
     expire_session,
@@ -202,7 +202,7 @@ def hook_interruptions(
         hooked.append(HookedInterruption(arm(), before_disarm))
         return hooked[-1]
 
-    monkeypatch.setattr("celery_zklock.run.arm", arm_hooked)
+    monkeypatch.setattr("celery_zklock.task.run.arm", arm_hooked)
     return hooked
 
 

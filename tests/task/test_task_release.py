@@ -15,7 +15,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import Lease, ZkLockTask, signals
-from celery_zklock import run as run_module
+from celery_zklock.task import run as run_module
 from tests.lockutil import expire_session, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import contenders, workers

@@ -17,8 +17,8 @@ from celery.states import FAILURE
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask
-from celery_zklock import run as run_module
-from celery_zklock.locks import adapter
+from celery_zklock.task import run as run_module
+from celery_zklock.zk import adapter
 from tests.lockutil import children
 
 

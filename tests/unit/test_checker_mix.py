@@ -15,7 +15,7 @@ from typing import Any
 
 from celery_zklock import LockLost
 from celery_zklock.errors import LossCode
-from celery_zklock.run import PREEMPTED
+from celery_zklock.task.run import PREEMPTED
 from workers.checker import PREEMPTED_FAILURE, RunReport, TaskOutcome, check_run
 from workers.loadtest import HOT_KEY, LoadConfig, WorkItem, _Progress, _send_all, plan_workload
 from workers.record import Mode, SectionEvent

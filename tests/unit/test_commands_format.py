@@ -9,16 +9,16 @@ import pytest
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL, Id
 
-from celery_zklock.commands import checks
-from celery_zklock.commands.render import (
+from celery_zklock.locks.holders import LockState, lock_state
+from celery_zklock.ops.commands import checks
+from celery_zklock.ops.commands.render import (
     duration,
     locks_document,
     locks_table,
     name_and_key,
     table,
 )
-from celery_zklock.config import CREATOR_ACL, ClientConfig
-from celery_zklock.holders import LockState, lock_state
+from celery_zklock.zk.settings import CREATOR_ACL, ClientConfig
 
 NOW = 1_700_000_100.0
 IDENTITY = {"task_id": "t-1", "task": "app.sync", "retries": 2, "worker": "w1@h", "pid": 4242}

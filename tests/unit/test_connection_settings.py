@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from kazoo.security import ACL, make_digest_acl
 
-from celery_zklock.config import (
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.zk.client import KAZOO_CHECKS_HOSTNAMES, new_client
+from celery_zklock.zk.settings import (
     CREATOR_ACL,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SESSION_TIMEOUT,
@@ -18,8 +20,6 @@ from celery_zklock.config import (
     client_config,
     host_ports,
 )
-from celery_zklock.errors import ConfigurationError
-from celery_zklock.session import KAZOO_CHECKS_HOSTNAMES, new_client
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_zklock.delivery import finished_already
+from celery_zklock.task.delivery import finished_already
 
 
 class _ResultRead:

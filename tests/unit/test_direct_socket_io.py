@@ -15,10 +15,10 @@ from kazoo.exceptions import ConnectionDropped
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.connection import ConnectionHandler
 
-from celery_zklock.config import ClientConfig
-from celery_zklock.kazoo_handler import DirectSocketConnection, PollingThreadingHandler
-from celery_zklock.locks import adapter
-from celery_zklock.session import new_client
+from celery_zklock.zk import adapter
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.handler import DirectSocketConnection, PollingThreadingHandler
+from celery_zklock.zk.settings import ClientConfig
 
 
 class _Counting(PollingThreadingHandler):

@@ -3,7 +3,7 @@ hands it out again; RabbitMQ's consumer_timeout is not told to clients, so docto
 
 from __future__ import annotations
 
-from celery_zklock.commands.checks import gate_bound_check
+from celery_zklock.ops.commands.checks import gate_bound_check
 
 
 def test_the_default_bound_passes_below_the_visibility_timeout() -> None:

@@ -1,10 +1,10 @@
-"""The gate's dispatch rule (celery_zklock.gate.line), pure: when a held message may go to the
-pool, for each lock kind, given the lock's queue and what this worker already sent."""
+"""The gate's dispatch rule (celery_zklock.worker.gate.line), pure: when a held message may go to
+the pool, for each lock kind, given the lock's queue and what this worker already sent."""
 
 from __future__ import annotations
 
-from celery_zklock.gate.line import Held, KeyLine, may_enter
 from celery_zklock.locks.contenders import READ, WRITE, lease_kind, queue_of
+from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
 
 WRITER = "_c_a-__WRIT__0000000001"
 READER = "_c_b-__READ__0000000002"

@@ -1,5 +1,5 @@
-"""A call's generation (celery_zklock.generation): stamped when a call is first sent, kept by its
-retries and re-sends, taken at the first run of a call sent without one, and compared. Pure,
+"""A call's generation (celery_zklock.task.generation): stamped when a call is first sent, kept by
+its retries and re-sends, taken at the first run of a call sent without one, and compared. Pure,
 with Celery's in-memory broker: the headers are those Celery publishes."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from celery import Celery, Task
 from celery.signals import before_task_publish
 
-from celery_zklock import ZkLockTask, generation
-from celery_zklock.generation import (
+from celery_zklock import ZkLockTask
+from celery_zklock.task import generation
+from celery_zklock.task.generation import (
     GENERATION_HEADER,
     is_newer,
     next_generation,

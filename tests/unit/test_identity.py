@@ -170,7 +170,7 @@ def test_the_reason_of_a_break_request(data: bytes, reason: str | None) -> None:
     assert (break_request(data) is None) is (reason is None)
 
 
-# -- the call's generation (celery_zklock.generation) -------------------------------------------
+# -- the call's generation (celery_zklock.task.generation) ----------------------------------------
 
 
 def test_a_run_with_a_generation_writes_it_after_its_retries() -> None:

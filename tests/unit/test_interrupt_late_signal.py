@@ -17,8 +17,8 @@ import textwrap
 SCENARIO = textwrap.dedent(
     """
     import os, signal, threading, types
-    import celery_zklock.interrupt as interrupt
-    from celery_zklock.interrupt import _MainThreadSignal
+    import celery_zklock.task.interrupt as interrupt
+    from celery_zklock.task.interrupt import _MainThreadSignal
 
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # what a pool process or solo worker has
     at_kill, restoring = threading.Event(), threading.Event()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_zklock.errors import LockLost
-from celery_zklock.interrupt import Interruption, _GreenletKill, _MainThreadSignal, arm
+from celery_zklock.task.interrupt import Interruption, _GreenletKill, _MainThreadSignal, arm
 from tests.lockutil import let_interruption_land
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from kazoo.handlers.utils import selector_select
 
-from celery_zklock.kazoo_handler import PollingThreadingHandler, poll_select
-from celery_zklock.session import _make_handler
+from celery_zklock.zk.client import _make_handler
+from celery_zklock.zk.handler import PollingThreadingHandler, poll_select
 
 
 @pytest.fixture

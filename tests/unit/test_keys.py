@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.keys import (
+from celery_zklock.task.keys import (
     MAX_KEY_LENGTH,
     KeyBuilder,
     LockKeyError,
@@ -628,7 +628,7 @@ def test_close_values_never_share_a_key() -> None:
 
 def test_equal_numbers_share_a_key() -> None:
     """Numbers follow Python's ``==``: the same call takes the same lock, however each producer
-    spelled the number (see the module docstring of celery_zklock.keys)."""
+    spelled the number (see the module docstring of celery_zklock.task.keys)."""
     groups: list[list[object]] = [
         [1, 1.0, True, decimal.Decimal("1"), decimal.Decimal("1.00"), Level.LOW],
         [0, 0.0, -0.0, False, decimal.Decimal("0E+5"), decimal.Decimal("-0")],
@@ -806,7 +806,7 @@ def test_key_is_the_same_in_another_process_with_another_hash_seed(seed: str) ->
     script = STABLE_VALUE_SOURCE + textwrap.dedent(
         """
         import inspect, json
-        from celery_zklock.keys import KeyBuilder, key_for_value
+        from celery_zklock.task.keys import KeyBuilder, key_for_value
 
         def task(account_id, full=False, **extra): ...
 

@@ -8,8 +8,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.connection import ConnectionHandler
 
 from celery_zklock import ConfigurationError
-from celery_zklock.locks import adapter
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT, LeaseTiming
+from celery_zklock.zk import adapter
 
 TIMEOUTS = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0, 30.0, 40.0, 60.0]
 

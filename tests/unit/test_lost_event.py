@@ -1,5 +1,5 @@
 """The ``lost`` event carries the loss's code in its log line, its structured record and the
-``lock_lost`` signal (celery_zklock.events.emit, as the task's run calls it)."""
+``lock_lost`` signal (celery_zklock.task.events.emit, as the task's run calls it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from celery_zklock import signals
 from celery_zklock.errors import LossCode
-from celery_zklock.events import emit
+from celery_zklock.task.events import emit
 
 
 class _Task:

@@ -1,6 +1,6 @@
-"""The pure parts of celery_zklock.metrics: outcome and lost-reason mapping, the settings, and
-the signal-to-metric bookkeeping in a registry of the test's own (no server, no worker); the
-real workers are in tests/task/test_metrics.py."""
+"""The pure parts of the metrics (celery_zklock.task.metrics, celery_zklock.worker.metrics):
+outcome and lost-reason mapping, the settings, and the signal-to-metric bookkeeping in a registry
+of the test's own (no server, no worker); the real workers are in tests/task/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -18,20 +18,18 @@ from prometheus_client import CollectorRegistry
 import celery_zklock
 from celery_zklock import ConfigurationError, signals
 from celery_zklock.errors import LossCode
-from celery_zklock.metrics import (
+from celery_zklock.task import metrics as recorder
+from celery_zklock.task.metrics import (
     BUCKETS,
-    INSTALL_HINT,
     LOST_REASONS,
     OUTCOMES,
     Recorder,
     busy_outcome,
     lost_reason,
-    metrics_addr,
-    metrics_port,
-    recorder,
-    server,
 )
-from celery_zklock.policy import TABLE
+from celery_zklock.task.policy import TABLE
+from celery_zklock.worker import metrics as server
+from celery_zklock.worker.metrics import INSTALL_HINT, metrics_addr, metrics_port
 
 LOCKS = Path(celery_zklock.__file__).parent / "locks"
 
@@ -254,7 +252,7 @@ def test_a_timeout_signal_counts_timed_out(registry: CollectorRegistry) -> None:
 
 def test_no_receiver_is_connected_when_metrics_are_off() -> None:
     """Without a recorder the lock signals have no metrics receiver, so a locked task sends
-    none of them (celery_zklock.events skips a signal without receivers); each receiver also
+    none of them (celery_zklock.task.events skips a signal without receivers); each receiver also
     does nothing if called without one."""
     recorder.use_recorder(Recorder(CollectorRegistry()))
     recorder.use_recorder(None)
@@ -289,18 +287,36 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 def test_importing_the_package_needs_no_prometheus_client() -> None:
     done = _python(
         "import sys; sys.modules['prometheus_client'] = None\n"
-        "import celery_zklock, celery_zklock.metrics\n"
+        "import celery_zklock, celery_zklock.worker.metrics\n"
         "from celery_zklock import signals\n"
         "signals.lock_acquired.send(sender=None, task_id='a', path='/p', token=1, waited=0.0)\n"
     )
     assert done.returncode == 0, done.stderr
 
 
-def test_importing_the_package_connects_the_receivers() -> None:
-    """One setting enables the metrics: a worker imports them with celery_zklock itself."""
-    done = _python("import sys, celery_zklock; print('celery_zklock.metrics' in sys.modules)")
+def test_binding_a_locked_task_connects_the_receivers_and_importing_does_not() -> None:
+    """Importing celery_zklock connects no worker receiver; the first ZkLockTask bound to an app
+    (a worker finalizes its app before worker_init) connects them all, the metrics' included."""
+    done = _python(
+        "import celery_zklock\n"
+        "from celery import Celery\n"
+        "from celery.signals import worker_init, worker_process_init\n"
+        "def ours(signal):\n"
+        "    return sorted(getattr(r, '__module__', '') for _, r in signal.receivers\n"
+        "                  if getattr(r, '__module__', '').startswith('celery_zklock'))\n"
+        "print(ours(worker_init), ours(worker_process_init))\n"
+        "app = Celery(set_as_current=False)\n"
+        "@app.task(base=celery_zklock.ZkLockTask, shared=False)\n"
+        "def locked(): pass\n"
+        "app.finalize()\n"
+        "print(ours(worker_init), ours(worker_process_init))\n"
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
+    before, after = done.stdout.strip().splitlines()
+    assert before == "[] []"
+    assert "'celery_zklock.worker.metrics'" in after
+    assert "'celery_zklock.worker.gate.step'" in after
+    assert after.count("celery_zklock.worker.wiring") == 2  # the two start checks
 
 
 def test_the_live_gauge_files_of_gone_processes_are_found(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import get_args
 import pytest
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.options import (
+from celery_zklock.task.options import (
     CALL_OVERRIDES,
     LOCK_MODES,
     ON_BUSY_POLICIES,
@@ -335,8 +335,8 @@ def test_acks_late_without_reject_on_worker_lost_warns_once_at_definition(
     monkeypatch.setattr(celery_state, "_on_app_finalizers", set())
 
     from celery_zklock import ZkLockTask
-    from celery_zklock.gate.step import install
-    from celery_zklock.options import RedeliveryWarning
+    from celery_zklock.task.options import RedeliveryWarning
+    from celery_zklock.worker.gate.step import install
 
     app = Celery("acks", set_as_current=False)
     with pytest.warns(RedeliveryWarning) as caught:

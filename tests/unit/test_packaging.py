@@ -48,7 +48,7 @@ def test_the_wheel_holds_the_library_only(tmp_path: Path) -> None:
     assert {t for t in top_level if not t.endswith(".dist-info")} == {"celery_zklock"}, names
     assert not [n for n in names if n.startswith(tuple(f"{d}/" for d in REPO_ONLY))]
     # The console script is the library's; the pytest plugin is opt-in (no pytest11 entry).
-    assert "celery-zklock = celery_zklock.cli:main" in entry_text
+    assert "celery-zklock = celery_zklock.testing.cli:main" in entry_text
     assert "pytest11" not in entry_text
 
 
@@ -74,7 +74,7 @@ def test_the_cli_runs_without_the_repository(tmp_path: Path) -> None:
     # From a directory outside the repository, as an installed library is used: `celery-zklock`
     # works, nothing of the fleet is loaded, and the install maps no top-level `workers`.
     script = (
-        "import sys, celery_zklock.cli as cli\n"
+        "import sys, celery_zklock.testing.cli as cli\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'workers'], 'workers loaded'\n"
         "print(cli.build_parser().format_help())\n"
     )

@@ -9,7 +9,7 @@ import pytest
 
 from celery_zklock import LockBusy, LockLost, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.errors import RateLimited
-from celery_zklock.policy import TABLE, Verdict, decide
+from celery_zklock.task.policy import TABLE, Verdict, decide
 
 ROWS = [
     ("busy", "skip", Verdict("skip")),

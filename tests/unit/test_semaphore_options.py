@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 
 from celery_zklock import ConfigurationError, ZkLockTask
-from celery_zklock.options import (
+from celery_zklock.task.options import (
     CALL_OVERRIDES,
     LOCK_MODES,
     TASK_ATTRIBUTES,

@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.keys import KeyBuilder, SeveralKeys, check_lock_key_spec
-from celery_zklock.options import options_from_task, with_call_overrides
+from celery_zklock.task.keys import KeyBuilder, SeveralKeys, check_lock_key_spec
+from celery_zklock.task.options import options_from_task, with_call_overrides
 
 TASK = "proj.transfer"
 
@@ -107,7 +107,7 @@ def test_a_per_call_preempt_is_refused_with_several_keys() -> None:
 def test_the_events_token_of_several_keys_is_hashable_and_in_path_order() -> None:
     """The metrics recorder keys leases by (task id, path, token): a dict cannot be a key."""
     from celery_zklock.locks import MultiLease
-    from celery_zklock.run import fence_of
+    from celery_zklock.task.run import fence_of
 
     class Held:
         def __init__(self, path: str, token: int) -> None:

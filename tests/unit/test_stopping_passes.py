@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_zklock import run, visibility
-from celery_zklock.dedupe import _state_of
 from celery_zklock.errors import LockLost, ZooKeeperUnavailable
-from celery_zklock.interrupt import STOPPING
+from celery_zklock.task import run, visibility
+from celery_zklock.task.dedupe import _state_of
+from celery_zklock.task.interrupt import STOPPING
 
 STOPS = [SoftTimeLimitExceeded("soft time limit"), LockLost("lock lost")]
 

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from celery_zklock.config import client_config, lock_root
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.testing import RedisServer, ZooKeeperOptions
-from celery_zklock.validate import argument, positive_int, seconds, znode_path
+from celery_zklock.zk.settings import client_config, lock_root
+from celery_zklock.zk.validate import argument, positive_int, seconds, znode_path
 from workers.settings import Settings, SettingsError
 
 

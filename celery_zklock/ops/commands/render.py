@@ -1,0 +1,212 @@
+"""How ``celery zklock locks`` and ``holder`` show locks: a table for people, JSON for programs.
+
+Pure functions of :class:`~celery_zklock.locks.holders.LockState` values and a reading time.
+
+The JSON document (``--json``) is stable: fields are only ever added, and ``schema`` changes
+if one is removed or changes meaning::
+
+    {
+      "schema": 1,
+      "root": "/zklock",             # zklock_root
+      "time": 1718000000.25,         # Unix time of the reading (this host's clock)
+      "locks": [                     # sorted by path; only locks with a contender
+        {
+          "path": "/zklock/sync_account/account_id=42~1f0c...",
+          "name": "sync_account",    # the lock name (None for a path outside the root)
+          "key": "account_id=42~1f0c...",
+          "mode": "exclusive",       # exclusive | shared | semaphore | null (nobody holds)
+          "limit": null,             # a semaphore's N (at most N holders), else null
+          "admissions": [1718000000.1],  # lock_rate: when its recorded admissions were made
+                                     # (server's clock), those of the last period
+          "holders": [NODE, ...],    # one writer, the readers ahead of the first writer,
+                                     # or a semaphore's first N nodes
+          "waiters": [NODE, ...]     # in the order they will be granted
+        }
+      ],
+      "held": [                      # ``locks`` only: messages held at the workers' gates
+        {"path": "/zklock/...", "count": 3, "oldest": 12.5, "workers": ["w1@host"]}
+      ]
+    }
+
+and each NODE::
+
+    {
+      "node": "/zklock/.../_c_<uuid>-__WRIT__0000000007",  # what `break` takes
+      "seq": 7,                      # ZooKeeper's sequence number: the queue order
+      "mode": "exclusive",           # exclusive (lock-, __WRIT__) | shared (__READ__) |
+                                     # semaphore (lock- under a node holding max_leases=N)
+      "task_id": "...", "task": "...", "worker": "...", "pid": 1234, "retries": 0,
+      "token": 4294967302,           # fencing token: the node's czxid
+      "session": "0x1000a3f2c0004",  # the ZooKeeper session that owns the node
+      "created": 1717999997.05,      # Unix time the node was created (server's clock)
+      "held_for": 3.2,               # holders: seconds since created (includes any wait)
+      "waiting_for": 1.0,            # waiters instead: seconds since created
+      "position": 1,                 # waiters only: 1 is granted next
+      "broken": null,                # or {"by": "alice@host", "at": ..., "reason": ...}
+      "celery_zklock": true          # false: not a celery-zklock contender (Curator, kazoo
+                                     # recipes): it cannot hear a break request
+    }
+
+``task_id``, ``task``, ``worker`` and ``pid`` are null for a node that is not a task run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from celery_zklock.locks.holders import Entry, LockState
+from celery_zklock.worker.gate.step import HeldMessages
+
+SCHEMA: Final = 1
+"""Version of the ``--json`` document."""
+COLUMNS: Final = ("LOCK", "MODE", "ROLE", "TOKEN", "FOR", "TASK ID", "TASK", "WORKER", "PID")
+
+
+def name_and_key(root: str, path: str) -> tuple[str | None, str | None]:
+    """A lock path's lock name and key, if it is ``<root>/<name>/<key>``."""
+    prefix = root.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        return None, None
+    name, sep, key = path[len(prefix) :].partition("/")
+    if not sep or not key or "/" in key:
+        return None, None
+    return name, key
+
+
+def node_document(
+    state: LockState, entry: Entry, now: float, position: int | None
+) -> dict[str, Any]:
+    """One NODE of the JSON document (see the module docstring)."""
+    identity = entry.identity
+    document: dict[str, Any] = {
+        "node": f"{state.path}/{entry.name}",
+        "seq": entry.seq,
+        "mode": entry.mode,
+        "task_id": identity.task_id,
+        "task": identity.task,
+        "worker": identity.worker,
+        "pid": identity.pid,
+        "retries": identity.retries,
+        "token": entry.token,
+        "session": hex(entry.session),
+        "created": entry.created,
+    }
+    if position is None:
+        document["held_for"] = round(entry.age(now), 3)
+    else:
+        document["waiting_for"] = round(entry.age(now), 3)
+        document["position"] = position
+    document["broken"] = dict(identity.broken) if identity.broken is not None else None
+    document["celery_zklock"] = entry.breakable
+    return document
+
+
+def lock_document(root: str, state: LockState, now: float) -> dict[str, Any]:
+    """One lock of the JSON document."""
+    name, key = name_and_key(root, state.path)
+    return {
+        "path": state.path,
+        "name": name,
+        "key": key,
+        "mode": state.mode,
+        "limit": state.limit,
+        "admissions": list(state.admissions),
+        "holders": [node_document(state, e, now, None) for e in state.holders],
+        "waiters": [
+            node_document(state, e, now, position)
+            for position, e in enumerate(state.waiters, start=1)
+        ],
+    }
+
+
+def locks_document(root: str, states: Sequence[LockState], now: float) -> dict[str, Any]:
+    """The ``--json`` document of ``locks`` (and of ``holder``, with one lock)."""
+    return {
+        "schema": SCHEMA,
+        "root": root,
+        "time": now,
+        "locks": [lock_document(root, state, now) for state in states],
+    }
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``0.4s``, ``12.0s``, ``4m05s``, ``2h03m``, ``3d04h``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _note(entry: Entry) -> str:
+    if entry.identity.broken is not None:
+        return f"break requested by {entry.identity.broken.get('by')}"
+    if not entry.breakable:
+        return "not celery-zklock"
+    return ""
+
+
+def _row(path: str, entry: Entry, role: str, now: float, limit: int | None) -> list[str]:
+    identity = entry.identity
+    return [
+        path,
+        f"semaphore/{limit}" if limit is not None else entry.mode,
+        role,
+        str(entry.token),
+        duration(entry.age(now)),
+        identity.task_id or "-",
+        identity.task or "-",
+        identity.worker or "-",
+        str(identity.pid) if identity.pid is not None else "-",
+        _note(entry),
+    ]
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` (the first is the header) as left-aligned columns two spaces apart; trailing
+    blanks are cut."""
+    if not rows:
+        return ""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def locks_table(states: Sequence[LockState], now: float) -> str:
+    """The human table of ``locks``: one row per contender node, holders first, the lock's
+    path on its first row only; a NOTE column when a node has a break request or is not a
+    task run's. ``no locks held`` when there is none."""
+    body: list[list[str]] = []
+    for state in states:
+        path = state.path
+        for entry in state.holders:
+            body.append(_row(path, entry, "holder", now, state.limit))
+            path = ""
+        for position, entry in enumerate(state.waiters, start=1):
+            body.append(_row(path, entry, f"waiter {position}", now, state.limit))
+            path = ""
+        if state.admissions:  # lock_rate: the admissions its key recorded
+            newest = duration(max(0.0, now - state.admissions[-1]))
+            role = f"rate: {len(state.admissions)} admitted, last {newest} ago"
+            body.append([path, "rate", role, *[""] * (len(COLUMNS) - 3), ""])
+    if not body:
+        return "no locks held"
+    header = [*COLUMNS, "NOTE"]
+    if not any(row[-1] for row in body):
+        header = header[:-1]
+        body = [row[:-1] for row in body]
+    return table([header, *body])
+
+
+def held_table(held: Sequence[HeldMessages]) -> str:
+    """The messages held at the workers' gates, per lock: count, the oldest's wait, workers."""
+    rows = [["HELD AT GATES", "MESSAGES", "OLDEST", "WORKERS"]]
+    rows += [[h.path, str(h.count), duration(h.oldest), ",".join(h.workers)] for h in held]
+    return table(rows)

@@ -1,0 +1,457 @@
+"""The gate: a locked ``wait`` task's message whose lock is busy waits in the worker's main
+process, not in a pool slot, and goes to the pool when the lock can be granted.
+
+The gate sits in front of the consumer's ``on_task_request`` (the call that hands a request to
+the pool, after Celery's ETA and rate-limit handling). A request of a ``ZkLockTask`` whose call
+waits when busy (``on_busy="wait"``) is looked up by its lock path; if the lock could be granted
+now it goes on at once, else it is *held*: received and not acknowledged, like an ETA message
+(the worker's prefetch is raised by one so it keeps fetching, up to ``zklock_gate_max_held``).
+Held messages go to the pool in arrival order per key, when the lock's own predicate
+(:mod:`celery_zklock.worker.gate.line`) says a new contender would be granted; the pool run then
+takes its lock exactly as without the gate, so the gate decides only *when* to dispatch: mutual
+exclusion, the lease clock and revocation stay in the run. One children watch per key per
+worker, whatever the number of held messages; all ZooKeeper answers are handled on the
+consumer's own thread (:meth:`Gate._soon`).
+
+A held message leaves the gate by itself in three cases, checked every :data:`RECHECK_EVERY`
+seconds against its instants (:class:`~celery_zklock.worker.gate.line.Held`), with no timer per
+message (kombu's timer keeps a cancelled entry, and the request it references, until its due time):
+
+- its ``lock_timeout`` (counted from when it reached the gate) ran out: to the pool, whose run
+  applies ``lock_on_timeout`` at once;
+- the broker's redelivery bound (:class:`~celery_zklock.zk.settings.GateConfig`, counted from the
+  worker's receipt of the message, ETA waits included) came: back to the broker with every
+  message behind it on its key, in order (:mod:`celery_zklock.worker.gate.giveback`), never into a
+  pool that may be busy past the bound;
+- it was revoked, or its ``expires`` passed: it ends REVOKED as Celery ends such a request.
+
+When ZooKeeper cannot answer the gate (not connected for a session timeout, a failed read) held
+messages go to the pool, where the run's ``unavailable`` policy applies. When the consumer stops
+(warm shutdown, broker connection lost) held messages go back to the broker in order where it
+allows that (Redis), else they are left unacknowledged and the broker hands them out again.
+The gate writes nothing into a task's result: a held call is seen through its
+``task-lock-waiting`` event, ``celery zklock locks`` and the ``zklock_gate_held`` gauge.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from celery.worker import state as worker_state
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import KazooState, WatchedEvent
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
+from celery_zklock.locks.identity import parse_identity
+from celery_zklock.task import visibility
+from celery_zklock.task.metrics import count_held
+from celery_zklock.task.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
+from celery_zklock.task.task import ZkLockTask
+from celery_zklock.worker.gate.giveback import give_back
+from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
+from celery_zklock.zk import outages
+from celery_zklock.zk.client import get_client
+from celery_zklock.zk.settings import GateConfig, settings_of
+
+logger = logging.getLogger("celery_zklock.gate")
+
+RECHECK_EVERY: Final = 0.05
+"""Seconds between looks at the runs the gate sent to the pool (ended: the next may go)."""
+REVOKED_LOOK_EVERY: Final = 1.0
+"""Seconds between looks at every held message's revocation when the worker's set of revoked
+ids did not visibly change (at its size limit an addition does not change its length)."""
+RECONNECT_EVERY: Final = 5.0
+"""Seconds between the gate's attempts to connect when ZooKeeper was unreachable at start."""
+
+
+class Gate:
+    """The gate of one worker's consumer; see the module docstring. Every method but
+    :meth:`held_counts` runs on the consumer's thread."""
+
+    def __init__(self, consumer: Any, config: GateConfig) -> None:
+        self.consumer = consumer
+        self.config = config
+        self.lines: dict[str, KeyLine] = {}
+        self.client: KazooClient | None = None
+        self._handle: Callable[[Any], Any] | None = None
+        self._entries: list[Any] = []
+        self._outage: Any = None
+        self._next_due = float("inf")
+        self._revoked_seen = (0, 0.0)
+        self._given_back: dict[str, tuple[float, float]] = {}
+        """Task id -> (when it first reached this gate, when to forget that) of messages given
+        back at the broker bound with a ``lock_timeout``: back here, their timeout goes on
+        from the first arrival instead of starting again."""
+        self._started = threading.Event()
+        self.grace = 0.0
+        # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
+        # call_soon got a lock; before that (kombu 5.3) the gate's own inbox, read by _recheck.
+        self._threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
+        self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+
+    def wrap(self, handle: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Put the gate in front of ``handle``, the consumer's ``on_task_request``."""
+        self._handle = handle
+        return self.on_task_request
+
+    @property
+    def held(self) -> int:
+        """Messages held now."""
+        return sum(len(line.held) for line in self.lines.values())
+
+    def held_counts(self) -> dict[str, tuple[int, float]]:
+        """``{lock path: (messages held, seconds the oldest has waited)}`` (for operators)."""
+        now = time.time()
+        counts = {}
+        for path, line in list(self.lines.items()):
+            held = list(line.held)
+            if held:
+                counts[path] = (len(held), now - min(h.due for h in held))
+        return counts
+
+    # -- consumer life --------------------------------------------------------------------
+    def start(self) -> None:
+        """The consumer (re)started: connect in the background (messages pass until then)."""
+        self._started.set()
+        if self.client is None:
+            threading.Thread(target=self._connect, name="zklock-gate-connect", daemon=True).start()
+        self._entries.append(self.consumer.timer.call_repeatedly(RECHECK_EVERY, self._recheck))
+
+    def stop(self) -> None:
+        """The consumer stops: held messages go back to the broker in order where it allows
+        (:func:`~celery_zklock.worker.gate.giveback.give_back`), else stay unacknowledged (the
+        broker hands them out again)."""
+        self._started.clear()
+        for entry in [*self._entries, self._outage]:
+            if entry is not None:
+                entry.cancel()
+        self._entries, self._outage = [], None
+        self._inbox.clear()
+        lines, self.lines = list(self.lines.values()), {}
+        for line in lines:
+            for held in line.held:
+                count_held(held.request.name, -1)
+            give_back([held.request for held in line.held])
+
+    def _connect(self) -> None:
+        settings = settings_of(self.consumer.app)
+        warned = False
+        while self._started.is_set():
+            try:
+                client = get_client(settings.client)
+            except ConfigurationError as exc:
+                logger.error("celery-zklock gate: off (%s)", exc)
+                return
+            except Exception as exc:
+                if not warned:
+                    outages.warn_unreachable(
+                        settings.client, exc, "locked tasks go straight to the pool until it "
+                        "answers, and end ZooKeeperUnavailable (retried) while it does not",
+                    )  # fmt: skip
+                    warned = True
+                time.sleep(RECONNECT_EVERY)
+                continue
+            self.grace = settings.client.session_timeout
+            client.add_listener(self._on_state)
+            self.client = client
+            return
+
+    # -- messages -------------------------------------------------------------------------
+    def on_task_request(self, request: Any) -> Any:
+        """The consumer's ``on_task_request`` behind the gate."""
+        gated = self._gated(request)
+        if gated is None:
+            return self._send(request)
+        path, kind, timeout = gated
+        line = self.lines.get(path)
+        connected = self.client is not None and self.client.connected
+        if line is None:
+            if not connected:
+                return self._send(request)  # nothing held on the key: the run decides
+            line = self.lines[path] = KeyLine(path)
+        now = time.time()
+        received = request.request_dict.get(RECEIPT_FIELD)
+        due = self._given_back.pop(request.id, (now, now))[0]
+        held = Held(request, kind, due, bound_at=_number(received, now) + self.config.max_hold)
+        if timeout is not None:
+            held.timeout_at = due + timeout
+        if not line.held and line.queue is not None and line.watched:
+            line.forget_ended(_running)
+            if may_enter(kind, line.queue, [k for _, k in line.sent]):
+                return self._dispatch(line, held, was_held=False)
+        if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
+            give_back([request])
+            return None
+        self._hold(line, held)
+        if connected and not line.reading and (line.queue is None or not line.watched):
+            self._read(line)
+        return None
+
+    def _gated(self, request: Any) -> tuple[str, LockKind, float | None] | None:
+        """The lock path, lock kind and ``lock_timeout`` of a request the gate holds when busy;
+        None for any other (not locked, not ``wait``, the gate not started, arguments the key
+        cannot take: the pool run decides, and fails with the reason)."""
+        task = request.task
+        if self.client is None or not isinstance(task, ZkLockTask):
+            return None
+        try:
+            spec = task._zklock_compile(task.name)
+            overrides = request.request_dict.get(CALL_OPTION)
+            options = spec.for_call(overrides if isinstance(overrides, Mapping) else None)
+            if options.on_busy != "wait":
+                return None
+            path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
+        except Exception:
+            return None
+        return path, options.lock_kind, options.timeout
+
+    def _hold(self, line: KeyLine, held: Held) -> None:
+        if self.held < self.config.max_held:
+            self.consumer.qos.increment_eventually()
+            held.raised_prefetch = True
+        line.held.append(held)
+        self._next_due = min(self._next_due, held.next_at)
+        count_held(held.request.name, 1)
+        if line.holder is not None:
+            self._tell_held(line, held)
+
+    def _release_hold(self, held: Held) -> None:
+        """``held`` leaves the gate (to the pool or the broker): its prefetch and gauge."""
+        if held.raised_prefetch:
+            self.consumer.qos.decrement_eventually()
+            held.raised_prefetch = False
+        count_held(held.request.name, -1)
+
+    def _dispatch(self, line: KeyLine, held: Held, was_held: bool = True) -> Any:
+        request = held.request
+        if was_held:
+            self._release_hold(held)
+        request.request_dict[RECEIVED_OPTION] = [held.due, request.request_dict.get("retries", 0)]
+        line.sent.append((request, held.kind))
+        return self._send(request)
+
+    def _send(self, request: Any) -> Any:
+        assert self._handle is not None
+        return self._handle(request)
+
+    def _advance(self, line: KeyLine) -> None:
+        line.forget_ended(_running)
+        while (held := line.next_ready()) is not None:
+            self._dispatch(line, held)
+        if line.idle:
+            self.lines.pop(line.path, None)
+        elif line.held and line.queue is not None:
+            self._name_holder(line)
+
+    def _tell_held(self, line: KeyLine, held: Held) -> None:
+        """The ``task-lock-waiting`` event for ``held``, naming the line's holder."""
+        held.told = True
+        visibility.held(held.request, line.path, line.holder or None)
+
+    def _name_holder(self, line: KeyLine) -> None:
+        """Read who the head of the line waits for (the node's identity), once per holder,
+        then tell every held message of the line that it waits, naming it."""
+        assert line.queue is not None
+        blocker = first_blocker(line.queue, line.held[0].kind)
+        client = self.client
+        if blocker is None or blocker.name == line.blocker or client is None:
+            return
+        line.blocker, path = blocker.name, line.path
+        try:
+            answer = client.get_async(f"{path}/{blocker.name}")
+        except Exception:
+            return
+        answer.rawlink(lambda result: self._soon(self._named, path, blocker.name, result))
+
+    def _named(self, path: str, node: str, result: Any) -> None:
+        line = self.lines.get(path)
+        if line is None or line.blocker != node:
+            return
+        try:
+            data, _ = result.get_nowait()
+        except Exception:
+            data = None  # gone already, or ZooKeeper failed: the holder stays unnamed
+        line.holder = parse_identity(data).task_id or ""
+        for held in line.held:
+            if not held.told:
+                self._tell_held(line, held)
+
+    def _act_on_due(self) -> None:
+        """Every held message whose instant came leaves the gate (see the module docstring):
+        revoked or expired ones end REVOKED, timed-out ones go to the pool, and lines whose
+        broker bound came go back to the broker."""
+        now = time.time()
+        revoked = worker_state.revoked
+        seen = (len(revoked), now)
+        look_revoked = seen[0] != self._revoked_seen[0] or now - self._revoked_seen[1] > (
+            REVOKED_LOOK_EVERY
+        )
+        if not look_revoked and now < self._next_due:
+            return
+        if look_revoked:
+            self._revoked_seen = seen
+        self._next_due = float("inf")
+        if self._given_back:  # fetched by another worker, or never again: forget in time
+            for task_id, (_, forget_at) in list(self._given_back.items()):
+                if forget_at <= now:
+                    del self._given_back[task_id]
+        for line in list(self.lines.values()):
+            if look_revoked or any(h.request.expires for h in line.held):
+                for held in [h for h in line.held if _revoked(h.request)]:
+                    line.held.remove(held)
+                    self._release_hold(held)
+            to_pool, to_broker = line.take_due(now)
+            for held in to_pool:
+                self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
+            for held in to_broker:
+                self._release_hold(held)
+            if to_broker:
+                logger.info(
+                    "celery-zklock gate: %d message(s) of %s held up to the broker's "
+                    "redelivery bound go back to the broker: %s",
+                    len(to_broker),
+                    line.path,
+                    " ".join(held.request.id for held in to_broker),
+                )
+                for held in to_broker:
+                    if held.timeout_at is not None:
+                        forget_at = held.timeout_at + self.config.max_hold
+                        self._given_back[held.request.id] = (held.due, forget_at)
+                give_back([held.request for held in to_broker])
+            for held in line.held:
+                self._next_due = min(self._next_due, held.next_at)
+            if line.idle:
+                self.lines.pop(line.path, None)
+
+    def _hand_over(self, line: KeyLine) -> None:
+        """ZooKeeper cannot answer for this key: every held message goes to the pool, where
+        the run's ``unavailable`` policy applies."""
+        while line.held:
+            self._dispatch(line, line.held.popleft())
+        line.queue, line.watched, line.reading, line.read_again = None, False, False, False
+        if line.idle:
+            self.lines.pop(line.path, None)
+
+    # -- ZooKeeper ------------------------------------------------------------------------
+    def _read(self, line: KeyLine) -> None:
+        client = self.client
+        if client is None or not client.connected:
+            return None  # read when connected again, or handed over when the outage lasts
+        line.reading = True
+        path = line.path
+        try:
+            answer = client.get_children_async(path, watch=self._on_watch)
+        except Exception:
+            return self._hand_over(line)
+        answer.rawlink(lambda result: self._soon(self._listed, path, result))
+        return None
+
+    def _listed(self, path: str, result: Any) -> None:
+        line = self.lines.get(path)
+        if line is None or not line.reading:
+            return
+        line.reading = False
+        try:
+            children, watched = result.get_nowait(), True
+        except NoNodeError:
+            children, watched = [], False  # no watch on a node not there: _recheck reads again
+        except Exception:
+            logger.warning("celery-zklock gate: could not read %s; its held messages go to "
+                           "the pool", path, exc_info=True)  # fmt: skip
+            return self._hand_over(line)
+        if line.read_again:  # it changed while we read
+            line.read_again = False
+            return self._read(line)
+        line.queue, line.watched = queue_of(children), watched
+        return self._advance(line)
+
+    def _on_watch(self, event: WatchedEvent) -> None:  # a kazoo thread
+        self._soon(self._changed, event.path)
+
+    def _changed(self, path: str) -> None:
+        line = self.lines.get(path)
+        if line is None:
+            return
+        line.queue, line.watched = None, False
+        if line.reading:
+            line.read_again = True
+        elif line.held:
+            self._read(line)
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the consumer's thread (called from kazoo's threads)."""
+        if self._threadsafe_hub:
+            self.consumer.call_soon(fn, *args)
+        else:
+            self._inbox.append((fn, args))
+
+    def _recheck(self) -> None:
+        """Answers queued in the inbox are handled; runs sent to the pool that ended let the
+        next go; keys whose node did not exist at the last read (so no watch) are read
+        again."""
+        while self._inbox:
+            fn, args = self._inbox.popleft()
+            fn(*args)
+        self._act_on_due()
+        for line in list(self.lines.values()):
+            if not line.held:
+                line.forget_ended(_running)
+                if line.idle:
+                    self.lines.pop(line.path, None)
+                continue
+            if not line.watched and not line.reading:
+                self._read(line)
+            elif line.sent and line.queue is not None:
+                ended = len(line.sent)
+                line.forget_ended(_running)
+                if len(line.sent) != ended:
+                    self._advance(line)
+
+    def _on_state(self, state: str) -> None:  # a kazoo thread
+        self._soon(self._state_changed, state)
+
+    def _state_changed(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            if self._outage is not None:
+                self._outage.cancel()
+                self._outage = None
+            for line in list(self.lines.values()):
+                self._changed(line.path)  # watches may have fired unseen: look again
+            return
+        for line in self.lines.values():  # the session's watches may be gone: read again later
+            line.queue, line.watched, line.read_again = None, False, line.reading
+        if self._outage is None:
+            self._outage = self.consumer.timer.call_after(self.grace, self._outage_over, ())
+
+    def _outage_over(self) -> None:
+        """No answer from ZooKeeper for a session timeout: every held message goes to the pool."""
+        self._outage = None
+        client = self.client
+        if client is not None and client.connected:
+            return
+        for line in list(self.lines.values()):
+            self._hand_over(line)
+
+
+def _running(request: Any) -> bool:
+    """Whether a request sent to the pool has not ended (Celery forgets it when it ends)."""
+    return request in worker_state.reserved_requests
+
+
+def _revoked(request: Any) -> bool:
+    """Whether a held request was revoked or expired: if so Celery's own handling has ended it
+    (REVOKED stored and sent, the message acknowledged, the request forgotten)."""
+    if request.id not in worker_state.revoked and not request.expires:
+        return False
+    return bool(request.revoked())
+
+
+def _number(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) else default

@@ -1,0 +1,115 @@
+"""One gated key's line of held messages, and when its head may go to the pool: pure, no I/O.
+
+The gate (:mod:`celery_zklock.worker.gate.gate`) keeps a :class:`KeyLine` per lock path with
+messages held in its worker: the held messages in arrival order, the ones this worker already
+handed to its pool (``sent``, until their run ends), and the path's contender queue as last read
+(``queue``, None until read). :func:`may_enter` is the dispatch rule: the lock's own predicate
+(:func:`~celery_zklock.locks.contenders.first_blocker`) says whether a new contender would be
+granted now, and what this worker already sent and has not yet seen in the queue counts as if it
+were there, so a lock that frees lets at most one held writer per worker through: a message
+waits in a pool slot only when another worker's run took the lock first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_zklock.locks.contenders import Contender, LockKind, first_blocker
+
+
+@dataclass(eq=False)
+class Held:
+    """A message held at the gate: its worker ``request``, the ``kind`` of lock its run asks
+    for, and three instants on this host's wall clock: ``due``, when it reached the gate (its
+    receipt, or its ETA when that came later: its ``lock_timeout`` counts from here, carried to
+    the run), ``timeout_at`` (None: no ``lock_timeout``) when it goes to the pool to apply
+    ``lock_on_timeout``, and ``bound_at``, when it goes back to the broker (the broker's
+    redelivery bound, counted from the worker's *receipt*, ETA waits included).
+    ``raised_prefetch``: holding it raised the worker's prefetch; ``told``: its
+    ``task-lock-waiting`` event was sent."""
+
+    request: Any
+    kind: LockKind
+    due: float
+    bound_at: float = float("inf")
+    timeout_at: float | None = None
+    raised_prefetch: bool = False
+    told: bool = False
+
+    @property
+    def next_at(self) -> float:
+        """The first instant at which the gate must act on this message by itself."""
+        return self.bound_at if self.timeout_at is None else min(self.bound_at, self.timeout_at)
+
+
+def may_enter(kind: LockKind, queue: Sequence[Contender], sent: Sequence[LockKind]) -> bool:
+    """Whether a run asking for ``kind`` would be granted now, in a queue of ``queue`` with this
+    worker's ``sent`` runs (dispatched, not yet ended) still to come.
+
+    A writer needs a free lock and nothing sent; a reader needs no writer queued or sent; a
+    semaphore lease needs fewer than its limit queued and fewer than its limit sent (a sent run
+    may already be in ``queue``: counting both would leave leases unused).
+    """
+    if first_blocker(queue, kind) is not None:
+        return False
+    if kind.kind == "write":
+        return not sent
+    if kind.kind == "read":
+        return all(other.kind == "read" for other in sent)
+    assert kind.limit is not None
+    return len(sent) < kind.limit
+
+
+@dataclass(eq=False)
+class KeyLine:
+    """The held messages of one lock ``path`` in one worker; see the module docstring."""
+
+    path: str
+    held: deque[Held] = field(default_factory=deque)
+    sent: list[tuple[Any, LockKind]] = field(default_factory=list)
+    queue: list[Contender] | None = None
+    watched: bool = False
+    reading: bool = False
+    read_again: bool = False
+    blocker: str | None = None
+    """The node the head of the line waits for, as last looked up."""
+    holder: str | None = None
+    """That node's task id ("" when it is not a task run's), once read."""
+
+    def forget_ended(self, running: Callable[[Any], bool]) -> None:
+        """Drop the sent runs for which ``running(request)`` is false (their run has ended)."""
+        self.sent = [(request, kind) for request, kind in self.sent if running(request)]
+
+    def next_ready(self) -> Held | None:
+        """Take the head of the line if it may go to the pool now (see :func:`may_enter`)."""
+        if not self.held or self.queue is None:
+            return None
+        head = self.held[0]
+        if not may_enter(head.kind, self.queue, [kind for _, kind in self.sent]):
+            return None
+        self.held.popleft()
+        return head
+
+    def take_due(self, now: float) -> tuple[list[Held], list[Held]]:
+        """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
+        ran out (to the pool, where the run applies ``lock_on_timeout`` at once), and, from
+        the first one whose broker bound came, that one and every one behind it (back to the
+        broker together, in line order, so that none overtakes another of its key)."""
+        back_from = next((i for i, h in enumerate(self.held) if h.bound_at <= now), None)
+        to_broker: list[Held] = []
+        if back_from is not None:
+            while len(self.held) > back_from:
+                to_broker.append(self.held.pop())
+            to_broker.reverse()
+        to_pool = [h for h in self.held if h.timeout_at is not None and h.timeout_at <= now]
+        for held in to_pool:
+            self.held.remove(held)
+        return to_pool, to_broker
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held and nothing sent: the gate can forget this key."""
+        return not self.held and not self.sent

@@ -1,0 +1,173 @@
+"""The gate's place in a worker: a consumer bootstep, added to every worker whose app has a
+``ZkLockTask`` (unless ``zklock_gate = False``), and the ``zklock_held`` inspect command that
+``celery zklock locks`` asks for the messages held per key. Nothing here is connected at import:
+:func:`celery_zklock.worker.wiring.install` connects :data:`RECEIVERS` and registers the command."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from celery import bootsteps
+from celery.signals import task_received, worker_init, worker_ready
+
+from celery_zklock.errors import ConfigurationError
+from celery_zklock.task.options import RECEIPT_FIELD, check_redelivery
+from celery_zklock.task.task import ZkLockTask, has_locked_tasks
+from celery_zklock.worker.gate.gate import Gate
+from celery_zklock.zk import outages
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.settings import gate_config, settings_of
+
+logger = logging.getLogger("celery_zklock.gate")
+
+CONSUMER_ATTRIBUTE = "zklock_gate"
+"""The consumer's attribute that holds its :class:`Gate`."""
+
+
+class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Puts a :class:`Gate` in front of the consumer's ``on_task_request`` when the consumer is
+    made, so that every way a request reaches the pool (at once, after its ETA, after a rate
+    limit) passes it; starts it once the consumer's QoS exists."""
+
+    label = "zklock gate"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.gate: Gate | None = None
+        if consumer.hub is None:
+            # gevent and eventlet workers (no event loop): a waiting run is a greenlet there,
+            # and the gate's answers could not reach the consumer promptly.
+            return
+        self.gate = Gate(consumer, gate_config(consumer.app.conf))
+        setattr(consumer, CONSUMER_ATTRIBUTE, self.gate)
+        consumer.on_task_request = self.gate.wrap(consumer.on_task_request)
+
+    def start(self, consumer: Any) -> None:
+        if self.gate is not None:
+            self.gate.start()
+
+    def stop(self, consumer: Any) -> None:
+        if self.gate is not None:
+            self.gate.stop()
+
+    def shutdown(self, consumer: Any) -> None:
+        self.stop(consumer)
+
+
+def install(sender: Any = None, **_: Any) -> None:
+    """``worker_init``: add the gate to a worker whose app has a ``ZkLockTask``, unless the
+    app sets ``zklock_gate = False``; warn of a locked task that acknowledges late without
+    ``reject_on_worker_lost`` through the app's settings (:func:`~celery_zklock.task.options.
+    check_redelivery`; set on the task, it was said when the task was defined)."""
+    app = getattr(sender, "app", None)
+    if app is None or not has_locked_tasks(app):
+        return
+    for task in app.tasks.values():
+        if isinstance(task, ZkLockTask):  # bound now: acks_late from the app's settings too
+            check_redelivery(task.name, task)
+    try:
+        enabled = gate_config(app.conf).enabled
+    except ConfigurationError as exc:
+        raise SystemExit(f"celery-zklock: {exc}") from None
+    if enabled:
+        app.steps["consumer"].add(GateStep)
+        task_received.connect(note_receipt, weak=False, dispatch_uid="celery-zklock-receipt")
+
+
+def note_receipt(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """``task_received`` (the worker's main process, as the message arrives, before any ETA
+    wait): note when, for the gate's broker bound
+    (:data:`~celery_zklock.task.options.RECEIPT_FIELD`)."""
+    if request is not None and isinstance(request.task, ZkLockTask):
+        request.request_dict[RECEIPT_FIELD] = time.time()
+
+
+def probe_when_ungated(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: without the gate (which connects at start and says so when it cannot),
+    try ZooKeeper once from a thread with a client of its own, closed again, and say once if it
+    cannot be reached (:func:`celery_zklock.zk.outages.warn_unreachable`). The worker runs on:
+    ZooKeeper may come up after it."""
+    app = getattr(sender, "app", None)
+    if app is None or not has_locked_tasks(app):
+        return
+    if gate_config(app.conf).enabled:
+        return
+    threading.Thread(target=_probe, args=(app,), name="zklock-probe", daemon=True).start()
+
+
+def _probe(app: Any) -> None:
+    config = settings_of(app).client
+    client = None
+    try:
+        client = new_client(config)  # a client factory's may fail too: said the same way
+        client.start(timeout=config.connect_timeout)
+    except Exception as exc:
+        meanwhile = "locked tasks end ZooKeeperUnavailable (retried) until it answers"
+        outages.warn_unreachable(config, exc, meanwhile)
+    finally:
+        if client is not None:
+            client.stop()
+            client.close()
+
+
+def zklock_held(state: Any) -> dict[str, Any]:
+    """``{lock path: {"held": count, "oldest": seconds}}`` of this worker's gate."""
+    gate = getattr(state.consumer, CONSUMER_ATTRIBUTE, None)
+    if gate is None:
+        return {}
+    return {
+        path: {"held": count, "oldest": round(oldest, 3)}
+        for path, (count, oldest) in gate.held_counts().items()
+    }
+
+
+#: This module's worker signal receivers, in order, for :func:`celery_zklock.worker.wiring.install`.
+RECEIVERS: Final = ((worker_init, install), (worker_ready, probe_when_ungated))
+
+
+HELD_REPLY_TIMEOUT: Final = 1.0
+"""Seconds ``celery zklock locks`` waits for the workers' gates to say what they hold."""
+
+
+@dataclass(frozen=True)
+class HeldMessages:
+    """What the workers' gates hold for one lock path: ``count`` messages, the ``oldest`` held
+    for that many seconds, in ``workers``."""
+
+    path: str
+    count: int
+    oldest: float
+    workers: tuple[str, ...]
+
+
+def held_messages(app: Any, timeout: float = HELD_REPLY_TIMEOUT) -> list[HeldMessages]:
+    """The messages held at the gates of the app's workers that answer within ``timeout``
+    seconds, by lock path; empty when the broker cannot be reached (logged)."""
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
+            replies = app.control.broadcast(
+                "zklock_held", reply=True, timeout=timeout, connection=connection
+            )
+    except Exception as exc:
+        logger.warning("could not ask the workers' gates what they hold: %r", exc)
+        return []
+    merged: dict[str, list[tuple[str, int, float]]] = {}
+    for reply in replies or []:
+        for worker, counts in reply.items():
+            for path, held in (counts or {}).items():
+                merged.setdefault(path, []).append((worker, held["held"], held["oldest"]))
+    return [
+        HeldMessages(
+            path,
+            sum(count for _, count, _ in rows),
+            max(oldest for _, _, oldest in rows),
+            tuple(sorted(worker for worker, _, _ in rows)),
+        )
+        for path, rows in sorted(merged.items())
+    ]

@@ -1,0 +1,128 @@
+"""What a process says when ZooKeeper is out of its reach: one line per outage, not one per try.
+
+kazoo logs a warning for every failed attempt to reconnect ("Connection dropped: ...",
+"Connection time-out: ...", "Transition to CONNECTING", "Cannot resolve ...", "Failed connecting
+to Zookeeper within the connection retry policy."): several a second at first, then one every
+few seconds for as long as the outage lasts, in every process. The clients this library makes
+(:func:`celery_zklock.zk.client.new_client`) log through :data:`KAZOO_LOG` instead of kazoo's
+logger directly: the same logger (``kazoo.client``), but of the reconnect warnings only the
+first of an outage gets through, saying that the rest are left out, until one of the process's
+clients connects again (:func:`connected`, a state listener ``new_client`` adds); that is logged
+too, with the outage's length. The outage is the process's: a forked child starts without one.
+Other kazoo messages, and clients made elsewhere (a ``zklock_client_factory``'s, your own),
+are untouched.
+
+:func:`warn_unreachable` is the one line a worker writes when it cannot reach ZooKeeper at start
+(the hosts, what it means for locked tasks, what to check), at most once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Final
+
+from kazoo.protocol.states import KazooState
+
+from celery_zklock.zk.settings import ClientConfig
+
+__all__ = ["KAZOO_LOG", "OutageLog", "connected", "reset", "warn_unreachable"]
+
+logger = logging.getLogger("celery_zklock.session")
+
+KAZOO_LOGGER: Final = "kazoo.client"
+"""The logger kazoo's client and connection log on by default."""
+RECONNECT_WARNINGS: Final = (
+    "Connection dropped",
+    "Connection time-out",
+    "Transition to CONNECTING",
+    "Cannot resolve",
+    "Failed connecting to Zookeeper",
+)
+"""The openings of kazoo's warnings about a connection that failed or is being retried."""
+
+
+class _Outage:
+    """This process's outage: when its first reconnect warning was let through, or None."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since: float | None = None
+        self.dropped = 0
+        self.warned_unreachable = False
+
+
+_outage = _Outage()
+
+
+def reset() -> None:
+    """Forget this process's outage and start warning (done in a forked child; for tests)."""
+    global _outage
+    _outage = _Outage()
+
+
+os.register_at_fork(after_in_child=reset)
+
+
+class OutageLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger for the library's clients: passes the first reconnect warning of an
+    outage, with a note, drops the rest of that outage's (see the module docstring), and
+    passes every other record as it is."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if level == logging.WARNING and str(msg).startswith(RECONNECT_WARNINGS):
+            outage = _outage
+            with outage.lock:
+                if outage.since is not None:
+                    outage.dropped += 1
+                    return
+                outage.since, outage.dropped = time.monotonic(), 0
+            msg = (
+                f"{msg} (ZooKeeper out of reach; kazoo keeps reconnecting: its other reconnect "
+                "warnings are left out until a client of this process connects again)"
+            )
+        super().log(level, msg, *args, **kwargs)
+
+    def warn(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        """kazoo's one ``logger.warn(...)`` call (gone from ``LoggerAdapter`` in newer Pythons)."""
+        self.log(logging.WARNING, msg, *args, **kwargs)
+
+
+KAZOO_LOG: Final = OutageLog(logging.getLogger(KAZOO_LOGGER), {})
+"""The ``logger`` of every client :func:`celery_zklock.zk.client.new_client` builds."""
+
+
+def connected(state: str) -> bool:
+    """A kazoo state listener: a connected client ends this process's outage (and says how long
+    it lasted and how many warnings were left out). Returns False: stay registered."""
+    if state != KazooState.CONNECTED:
+        return False
+    outage = _outage
+    with outage.lock:
+        since, dropped = outage.since, outage.dropped
+        outage.since = None
+    if since is not None:
+        logger.warning(
+            "celery-zklock: ZooKeeper answers again after %.1fs out of reach (%d reconnect "
+            "warnings left out)", time.monotonic() - since, dropped,
+        )  # fmt: skip
+    return False
+
+
+def warn_unreachable(config: ClientConfig, error: BaseException, meanwhile: str) -> None:
+    """Say once in this process that ZooKeeper could not be reached at ``config.hosts``, what
+    happens ``meanwhile`` and what to check."""
+    outage = _outage
+    with outage.lock:
+        if outage.warned_unreachable:
+            return
+        outage.warned_unreachable = True
+    logger.warning(
+        "celery-zklock: cannot reach ZooKeeper at %s within %gs (%r); %s. Check that "
+        "zklock_hosts (env ZKLOCK_HOSTS) names the ensemble's client ports, that ZooKeeper runs "
+        "there and that this host may connect to them (firewall; TLS needs zklock_use_ssl): "
+        "`celery -A <app> zklock doctor` checks each.",
+        config.hosts, config.connect_timeout, error, meanwhile,
+    )  # fmt: skip
