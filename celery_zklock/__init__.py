@@ -27,6 +27,7 @@ from celery_zklock.task.keys import LockKeyError
 from celery_zklock.task.policy import is_skipped
 from celery_zklock.task.task import ZkLockTask, when_bound
 from celery_zklock.worker import wiring
+from celery_zklock.worker.leader import on_leader
 
 # Nothing is connected at import: the worker wiring is installed when a ZkLockTask is first bound
 # to an app (a worker binds its app's tasks before it starts).
@@ -54,6 +55,7 @@ __all__ = [
     "ZkLockTask",
     "ZooKeeperUnavailable",
     "is_skipped",
+    "on_leader",
 ]
 
 

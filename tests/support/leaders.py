@@ -18,7 +18,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from celery_zklock.locks import LeaderLatch
+from celery_zklock import LeaderLatch
 from celery_zklock.testing.witness import Witness
 
 WAIT_S = 60.0
