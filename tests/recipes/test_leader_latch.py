@@ -10,7 +10,8 @@ starts after another participant was elected. The log every participant appends 
 order (O_APPEND); a unit's ``check`` line is written before ``is_leader`` is read, its ``start``
 line (with the lease's token) after. The claim, checked over the whole log: no ``start`` whose
 ``check`` came after a line of another participant carrying a newer token (its ``elected`` or a
-``start``). Tokens are czxids: a newer election has a higher one.
+``start``). Tokens are czxids: a newer election has a higher one. And a leader whose link turns
+silent (a black-hole proxy) counts its leadership lost before the standby is elected.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from celery_zklock.locks import LeaderLatch
+from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.proxy import TcpProxy
 from tests.lockutil import children, expire_session, wait_for
 from tests.support.leaders import LeaderLog, Line, line_of, participate
 
@@ -347,6 +350,98 @@ def test_a_paused_leader_starts_no_unit_after_another_was_elected(
         f"leader latch: {valid} leaders paused past the session ({SESSION_TIMEOUT:g} s) and "
         f"resumed after another was elected (pauses {min(pauses):.2f}-{max(pauses):.2f} s, "
         f"median {statistics.median(pauses):.2f} s): no unit started after the election"
+    )
+    with capsys.disabled():
+        print(f"\n{summary}")
+
+
+PARTITION_TRIALS = 5
+"""Cut-off leaders measured; void trials (leadership lost before the cut) are run again."""
+
+
+def _partition_trial(server_port: int, hosts: str, index: int) -> tuple[float, float, float]:
+    """A leader reaching ZooKeeper through a proxy that turns silent at a random moment, a
+    standby on a direct link: ``(cut_at, lost_at, elected_at)``, the moment the leader's lease
+    counted as lost and the standby's election (``time.monotonic()``)."""
+    proxy = TcpProxy("127.0.0.1", server_port).start()
+    clients = [KazooClient(proxy.address, timeout=4.0), KazooClient(hosts, timeout=10.0)]
+    path = f"/partition/trial-{index}-{random.getrandbits(32):08x}"
+    leader, standby = (LeaderLatch(client, path) for client in clients)
+    lost_at: list[float] = []
+    elected_at: list[float] = []
+    standby.add_listener(lambda leading: elected_at.append(time.monotonic()) if leading else None)
+    try:
+        for client in clients:
+            client.start(timeout=WAIT_S)
+        leader.start()
+        assert leader.await_leader(timeout=WAIT_S)
+        lease = leader.lease
+        assert lease is not None
+        lease.on_lost(lambda _reason: lost_at.append(time.monotonic()))
+        standby.start()
+        wait_for(lambda: len(children(clients[1], path)) == 2, WAIT_S, "the standby queued")
+        time.sleep(random.uniform(0.2, 4.2))  # a random phase of pings and renewals
+        cut_at = time.monotonic()
+        proxy.blackhole = True
+        assert standby.await_leader(timeout=WAIT_S)
+        wait_for(lambda: bool(lost_at), WAIT_S, "the leader to count its leadership lost")
+        assert not leader.is_leader
+        return cut_at, lost_at[0], elected_at[0]
+    finally:
+        proxy.stop()
+        for latch in (leader, standby):
+            latch.close()
+        for client in clients:
+            client.stop()
+            client.close()
+
+
+def _collect(
+    port: int,
+    hosts: str,
+    index: int,
+    found: list[tuple[float, float, float]],
+    errors: list[BaseException],
+) -> None:
+    try:
+        found.append(_partition_trial(port, hosts, index))
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+
+
+@pytest.mark.slow
+def test_a_cut_off_leader_knows_before_another_is_elected(
+    zk_stack_factory: StackFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The leader's link turns silent (a black-hole proxy, T = 4 s): its lease clock counts the
+    leadership lost before ZooKeeper expires its session and elects the standby."""
+    server = zk_stack_factory.server()
+    margins: list[float] = []
+    voids = 0
+    while len(margins) < PARTITION_TRIALS and voids < PARTITION_TRIALS:
+        found: list[tuple[float, float, float]] = []
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(
+                target=_collect, args=(server.port, server.hosts, len(margins) + i, found, errors)
+            )
+            for i in range(PARTITION_TRIALS - len(margins))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(4 * WAIT_S)
+        assert errors == [] and not any(t.is_alive() for t in threads), errors
+        for cut_at, lost_at, elected_at in found:
+            if lost_at < cut_at:
+                voids += 1  # lost before the cut (a loaded machine): measures nothing
+            else:
+                margins.append(elected_at - lost_at)
+    assert len(margins) >= PARTITION_TRIALS, f"{voids} void trials"
+    assert all(margin > 0 for margin in margins), margins
+    summary = (
+        f"leader latch cut off (T = 4 s): lost before the standby was elected in "
+        f"{len(margins)}/{len(margins)} trials, by {min(margins):.2f}-{max(margins):.2f} s"
     )
     with capsys.disabled():
         print(f"\n{summary}")
