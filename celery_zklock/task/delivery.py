@@ -172,8 +172,12 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
     """True if the result backend holds a final state for ``task_id`` within ``settle`` s.
 
     A run releases its lock just before Celery stores its result: a copy that saw its original's
-    node go sees the result a moment later, one whose original died never.
+    node go sees the result a moment later, one whose original died never. A call whose result
+    is not stored (``ignore_result``, on the task or the call) can tell nothing, and does not
+    wait: its message would spend that time of its broker's redelivery bound for nothing.
     """
+    if task.ignore_result or getattr(task.request, "ignore_result", False):
+        return False
     deadline = time.monotonic() + settle
     while True:
         try:

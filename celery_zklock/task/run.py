@@ -157,6 +157,8 @@ class LockedRun:
             if self.options.rate is not None and (refused := self._admit(client)) is not None:
                 return refused
             self.granted_at = time.monotonic()
+            if self.in_worker:
+                visibility.started(self.task)
             result = self._hold(lease, body)
         finally:
             self._release()

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final
 from celery import Task, uuid
 
 from celery_zklock.locks import Lease, MultiLease
-from celery_zklock.task import generation, lookup
+from celery_zklock.task import generation, lookup, visibility
 from celery_zklock.task.dedupe import enqueue_once
 from celery_zklock.task.options import (
     CALL_OPTION,
@@ -97,8 +97,8 @@ class ZkLockTask(Task):  # type: ignore[misc]
         return spec
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:  # Celery's hook, at each bind: see when_bound
-        _bound(app)
+    def on_bound(cls, app: Any) -> None:  # Celery's hook, at each bind: see _bound
+        _bound(cls, app)
 
     # -- sending -------------------------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
@@ -197,6 +197,9 @@ def when_bound(hook: Callable[[Any], None]) -> None:
     _WHEN_BOUND.append(hook)
 
 
-def _bound(app: Any) -> None:
+def _bound(task_class: Any, app: Any) -> None:
+    """``task_class`` was bound to ``app`` (Celery read its config): its STARTED is the run's to
+    write (:func:`~celery_zklock.task.visibility.take_over_started`), and the hooks run."""
+    visibility.take_over_started(task_class)
     for hook in _WHEN_BOUND:
         hook(app)

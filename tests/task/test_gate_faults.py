@@ -52,19 +52,24 @@ def starts(tmp: Path, key: str) -> list[dict[str, Any]]:
     return [r for r in read_records(tmp / f"steps-{key}") if r["at"] == "start"]
 
 
+@pytest.mark.parametrize("tracked", [False, True], ids=["plain", "track_started"])
 def test_a_failed_call_handed_out_again_is_not_run_again(
-    taskenv: tuple[Celery, dict[str, str], Path], redis_url: str
+    taskenv: tuple[Celery, dict[str, str], Path], redis_url: str, tracked: bool
 ) -> None:
     """Repro 1: ``acks_late``, Redis hands the message out again after 4 s while its body (7 s)
     still runs, and the body fails. The copy waits at the gate (the key is busy); it must not
     write a waiting state over the FAILURE, so that it finds the FAILURE and is ignored: the
-    body starts once."""
+    body starts once. With ``track_started`` Celery itself writes STARTED over the FAILURE as
+    the copy's run starts: the run must have looked before that write."""
     app, env, tmp = taskenv
-    from tests.taskapp import gated_failing
+    from tests.taskapp import gated_failing, gated_failing_tracked
 
+    task = gated_failing_tracked if tracked else gated_failing
     env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "4"}
     with workers(app, "prefork", 1, env, tmp) as (worker,):
-        call = gated_failing.apply_async(("f", 7.0), queue=worker.queue)
+        call = task.apply_async(("f", 7.0), queue=worker.queue)
+        if tracked:  # written by the run once it holds its lock, as the body starts
+            wait_for(lambda: call.state == "STARTED", 30, "STARTED while the body runs")
         with pytest.raises(ValueError):
             call.get(timeout=60, propagate=True)
         wait_for(
