@@ -159,11 +159,15 @@ def await_original(
     return True
 
 
-def ignore_if_finished(task: Any, path: str, event: Event) -> None:
-    """Raise :class:`DuplicateDelivery` if the task's result becomes final within the settle
-    time."""
+def ignore_if_finished(
+    task: Any, path: str, event: Event, settle: float = RESULT_SETTLE_SECONDS
+) -> None:
+    """Raise :class:`DuplicateDelivery` if the task's result becomes final within ``settle``
+    seconds. A retry looks once (``settle=0``): an earlier attempt's copy, handed out again by
+    the broker while that attempt waited, may have run the call to its end before the attempt
+    gave up and retried (the retry was published all the same)."""
     task_id = task.request.id
-    if finished_already(task, task_id):
+    if finished_already(task, task_id, settle):
         event("duplicate-ignored", path, holder=task_id, finished=True)
         raise DuplicateDelivery(f"task {task_id} already finished: duplicate delivery ignored")
 

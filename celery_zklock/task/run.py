@@ -261,6 +261,8 @@ class LockedRun:
                     continue
             if not settled:
                 delivery.ignore_if_finished(task, self.path, self._log)
+            elif retries:  # a copy of an earlier attempt may have ended the call meanwhile
+                delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
             return None
 
     def _when_busy(

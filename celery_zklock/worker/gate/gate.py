@@ -184,7 +184,8 @@ class Gate:
             held.timeout_at = due + timeout
         if not line.held and line.queue is not None and line.watched:
             line.forget_ended(_running)
-            if may_enter(kind, line.queue, [k for _, k in line.sent]):
+            free = self._pool_free() + 1  # this request is counted as in the pool already
+            if free > 0 and may_enter(kind, line.queue, [k for _, k in line.sent]):
                 return self._dispatch(line, held, was_held=False)
         if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
             give_back([request])
@@ -241,9 +242,17 @@ class Gate:
         assert self._handle is not None
         return self._handle(request)
 
+    def _pool_free(self) -> int:
+        """Pool slots no request of this worker occupies or waits for: its pool's size less
+        the requests it reserved that are not held here (Celery keeps at most its prefetch in
+        the pool; messages held here and then sent on must not queue behind busy slots, where
+        they would sit unacknowledged past the broker's bound)."""
+        size = getattr(getattr(self.consumer, "pool", None), "limit", None) or 1
+        return int(size) - (len(worker_state.reserved_requests) - self.held)
+
     def _advance(self, line: KeyLine) -> None:
         line.forget_ended(_running)
-        while (held := line.next_ready()) is not None:
+        while self._pool_free() > 0 and (held := line.next_ready()) is not None:
             self._dispatch(line, held)
         if line.idle:
             self.lines.pop(line.path, None)
@@ -400,6 +409,7 @@ class Gate:
             fn, args = self._inbox.popleft()
             fn(*args)
         self._act_on_due()
+        waiting_for_a_slot = []
         for line in list(self.lines.values()):
             if not line.held:
                 line.forget_ended(_running)
@@ -408,11 +418,13 @@ class Gate:
                 continue
             if not line.watched and not line.reading:
                 self._read(line)
-            elif line.sent and line.queue is not None:
-                ended = len(line.sent)
-                line.forget_ended(_running)
-                if len(line.sent) != ended:
-                    self._advance(line)
+            elif line.queue is not None:
+                waiting_for_a_slot.append(line)
+        # Runs that ended let the next of their key go, and free pool slots go to the lines
+        # whose first message came first.
+        for line in sorted(waiting_for_a_slot, key=lambda line: line.held[0].due):
+            if line.held and line.queue is not None:
+                self._advance(line)
 
     def _on_state(self, state: str) -> None:  # a kazoo thread
         self._soon(self._state_changed, state)
