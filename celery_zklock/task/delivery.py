@@ -180,7 +180,8 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
     is not stored (``ignore_result``, on the task or the call) can tell nothing, and does not
     wait: its message would spend that time of its broker's redelivery bound for nothing.
     """
-    if task.ignore_result or getattr(task.request, "ignore_result", False):
+    request = getattr(task, "request", None)
+    if getattr(task, "ignore_result", False) or getattr(request, "ignore_result", False):
         return False
     deadline = time.monotonic() + settle
     while True:

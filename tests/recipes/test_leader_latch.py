@@ -308,6 +308,7 @@ def test_a_killed_leader_is_followed_by_exactly_one_new_leader(
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 @pytest.mark.timeout(900)
 def test_a_paused_leader_starts_no_unit_after_another_was_elected(
     election: Election, zk_client: KazooClient, capsys: pytest.CaptureFixture[str]

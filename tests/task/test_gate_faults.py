@@ -25,6 +25,8 @@ from tests.task.test_gate import held_at_gate
 from tests.taskapp import read_records
 from tests.workerproc import workers
 
+pytestmark = pytest.mark.fault  # minutes of real time: make test-faults
+
 
 def _held(app: Celery) -> int:
     return sum(counts["held"] for counts in held_at_gate(app).values())

@@ -34,6 +34,8 @@ from tests.task.test_gate import held_at_gate
 from tests.taskapp import read_records
 from tests.workerproc import ROOT, STOP_GRACE, Worker
 
+pytestmark = pytest.mark.fault  # minutes of real time: make test-faults
+
 CONSUMER_TIMEOUT = 6.0
 """Seconds the node lets a delivery stay unacknowledged in this module's tests: above the 2 s a
 redelivered call spends in the pool before its body (its settle look) and the body's 0.2 s,
