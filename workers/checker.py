@@ -207,7 +207,9 @@ class RunReport:
     completed_twice: Mapping[str, int] = field(default_factory=dict)
     """Task id -> how many times its body ran to its end (``exit`` ``ok`` or ``error:...``) on
     one key, for the tasks whose body did so more than once: a redelivered copy of a call
-    that had ended ran it again. Each fails the verdict."""
+    that had ended ran it again. Each fails the verdict. A body whose process was killed
+    while it ran or just after it ended (before its message was acknowledged) is not counted:
+    its copy is Celery's at-least-once (:meth:`_Replay.died_before_its_ack`)."""
 
     @property
     def broker_dropped(self) -> int:
@@ -368,6 +370,12 @@ class _Replay:
     admissions_unread: int = 0
     completions: Counter[tuple[str, str]] = field(default_factory=Counter)
     """``(task id, key)`` -> bodies that ran to their end (:data:`COMPLETED_OUTCOMES`)."""
+    completed_in: dict[tuple[str, str], list[tuple[str, int, float, float]]] = field(
+        default_factory=dict
+    )
+    """``(task id, key)`` -> (hostname, pid, enter time, exit time) of each completed body."""
+    kills: list[tuple[str, int, float]] = field(default_factory=list)
+    """(hostname, pid, time) of every process a fault killed."""
 
     def feed(self, position: int, event: SectionEvent) -> None:
         if event.kind == "killed":
@@ -392,6 +400,7 @@ class _Replay:
             section.end = "killed"
             section.died_unseen = event.late
         self.kill_times.append((event.time, len(closed)))
+        self.kills.append((event.hostname, event.pid, event.time))
 
     def _forced(self, event: SectionEvent) -> None:
         force = _Force(event)
@@ -431,12 +440,26 @@ class _Replay:
         section.outcome = event.outcome
         if (event.outcome or "").startswith(COMPLETED_OUTCOMES):
             self.completions[(event.task_id, event.key)] += 1
+            self.completed_in.setdefault((event.task_id, event.key), []).append(
+                (event.hostname, event.pid, section.enter.time, event.time)
+            )
         self.holds.append(max(0.0, event.time - section.enter.time))
         self.exit_times.append(event.time)
         if event.outcome == "lost":
             self.lost_exit_times.append(event.time)
         elif event.outcome == PREEMPTED_OUTCOME:
             self.preempted += 1
+
+    def died_before_its_ack(self, task_id: str, key: str) -> bool:
+        """Whether the process of the body's first completion was killed while it ran or
+        within :data:`KILL_ACK_WINDOW` seconds of its end: its message may not have been
+        acknowledged nor its result stored, and a copy running the body again is Celery's
+        at-least-once, not a duplicate delivery of a call that had ended."""
+        hostname, pid, entered, exited = self.completed_in[(task_id, key)][0]
+        return any(
+            (h, p) == (hostname, pid) and entered <= t <= exited + KILL_ACK_WINDOW
+            for h, p, t in self.kills
+        )
 
     @property
     def attempts(self) -> Counter[str]:
@@ -464,6 +487,11 @@ class _Replay:
         self.highest_accepted[event.key] = max(
             event.token, self.highest_accepted.get(event.key, event.token)
         )
+
+
+KILL_ACK_WINDOW = 10.0
+"""Seconds after a body's end within which its process's death may still have come before
+its message was acknowledged and its result stored (:meth:`_Replay.died_before_its_ack`)."""
 
 
 def _same_process(a: SectionEvent, b: SectionEvent) -> bool:
@@ -568,8 +596,8 @@ def check_run(
     attempts = replay.attempts
     overruns = rate_overruns(replay.admissions)
     completed_twice: dict[str, int] = {}
-    for (task_id, _), count in replay.completions.items():
-        if count > 1:
+    for (task_id, key), count in replay.completions.items():
+        if count > 1 and not replay.died_before_its_ack(task_id, key):
             completed_twice[task_id] = max(count, completed_twice.get(task_id, 0))
     return RunReport(
         tasks=len(submitted),

@@ -416,3 +416,19 @@ def test_an_eta_item_is_sent_with_its_countdown() -> None:
     assert progress.send_error is None
     assert [options.get("countdown") for _, options in single.sent] == [3.5, None]
     assert [options.get("countdown") for _, options in pair_task.sent] == [2.0]
+
+
+def test_a_body_run_again_because_its_worker_died_before_the_ack_is_not_a_duplicate() -> None:
+    """The body ran to its end and its process was killed (docker kill, SIGKILL) before its
+    message was acknowledged: the copy runs it again (Celery's at-least-once with
+    ``acks_late``). Not counted; a kill of another process, or long after, does not excuse."""
+
+    def killed(pid: int, at: float) -> SectionEvent:
+        return SectionEvent("killed", "", "", "exclusive", 0, hostname=HOST, pid=pid, time=at)  # type: ignore[arg-type]
+
+    first = [enter("t", 1, time=10.0), leave("t", 1, time=10.2)]
+    again = [enter("t", 2, time=40.0), leave("t", 2, time=40.2)]
+    assert check([*first, killed(101, 10.5), *again], {}).duplicate_completions == 0
+    assert check([killed(101, 10.1), *first, *again], {}).duplicate_completions == 0
+    assert check([*first, killed(999, 10.5), *again], {}).duplicate_completions == 1
+    assert check([*first, killed(101, 25.0), *again], {}).duplicate_completions == 1
