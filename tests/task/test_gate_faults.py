@@ -22,6 +22,7 @@ from celery_zklock.testing.plugin import StackFactory
 from tests.conftest import Broker
 from tests.lockutil import wait_for
 from tests.task.test_gate import held_at_gate
+from tests.task.test_gate_rabbitmq import start as start_gated
 from tests.taskapp import read_records
 from tests.workerproc import workers
 
@@ -190,8 +191,13 @@ def test_one_worker_starts_held_calls_in_order_and_a_warm_shutdown_keeps_it(
         (tmp / "release-warm").touch()  # the warm shutdown waits for the holder's body
         worker.wait(60)
     (tmp / "release-warm").unlink()
-    with workers(sender, "prefork", 1, env, tmp, prefix="next", queues=[queue]):
+    # The next worker consumes only once its gate is connected: before that its gate lets
+    # locked calls through to the pool, where two of them would race for the free lock.
+    following = start_gated(sender, "next", env, tmp, 600.0)
+    try:
         wait_for(lambda: len(starts(tmp, "warm")) == 5, 60, "the four to run")
+    finally:
+        following.stop()
     order = [r["seq"] for r in starts(tmp, "warm")][1:]
     if broker.name == "amqp":
         assert order == [0, 1, 2, 3]
