@@ -44,10 +44,16 @@ from celery_zklock.task.generation import is_newer
 from celery_zklock.task.generation import of_run as generation_of_run
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
 from celery_zklock.task.metrics import count_rate
-from celery_zklock.task.options import LockOptions, TaskLockSpec, received_at, request_overrides
+from celery_zklock.task.options import (
+    RECEIPT_FIELD,
+    LockOptions,
+    TaskLockSpec,
+    received_at,
+    request_overrides,
+)
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import settings_of
+from celery_zklock.zk.settings import broker_redelivery_timeout, settings_of
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
@@ -261,9 +267,20 @@ class LockedRun:
                     continue
             if not settled:
                 delivery.ignore_if_finished(task, self.path, self._log)
-            elif retries:  # a copy of an earlier attempt may have ended the call meanwhile
+            elif retries or self._outlived_the_broker_bound():
+                # A copy (of an earlier attempt, or of this message, handed out again while it
+                # waited here) may have ended the call meanwhile: one look.
                 delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
             return None
+
+    def _outlived_the_broker_bound(self) -> bool:
+        """Whether this message reached its worker longer ago than the broker's redelivery
+        bound (the worker's receipt, :data:`~celery_zklock.task.options.RECEIPT_FIELD`): the
+        broker may have handed out a copy meanwhile."""
+        received = getattr(self.request, RECEIPT_FIELD, None)
+        if not isinstance(received, (int, float)):
+            return False
+        return time.time() - received > broker_redelivery_timeout(self.task.app.conf)
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool

@@ -243,7 +243,7 @@ def test_hot_key_with_unrelated_traffic_gate_on_and_off(
 
 
 @pytest.mark.slow
-@pytest.mark.fault
+@pytest.mark.acceptance
 @pytest.mark.ensemble
 @pytest.mark.timeout(600)
 def test_every_fault_three_times_over_an_ensemble(
