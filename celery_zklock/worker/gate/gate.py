@@ -252,8 +252,9 @@ class Gate:
 
     def _advance(self, line: KeyLine) -> None:
         line.forget_ended(_running)
-        while self._pool_free() > 0 and (held := line.next_ready()) is not None:
-            self._dispatch(line, held)
+        # The pool's count (a sum over the lines) only for a line whose head could go.
+        while line.head_ready() and self._pool_free() > 0:
+            self._dispatch(line, line.held.popleft())
         if line.idle:
             self.lines.pop(line.path, None)
         elif line.held and line.queue is not None:

@@ -83,15 +83,15 @@ class KeyLine:
         """Drop the sent runs for which ``running(request)`` is false (their run has ended)."""
         self.sent = [(request, kind) for request, kind in self.sent if running(request)]
 
-    def next_ready(self) -> Held | None:
-        """Take the head of the line if it may go to the pool now (see :func:`may_enter`)."""
+    def head_ready(self) -> bool:
+        """Whether the head of the line may go to the pool now (see :func:`may_enter`)."""
         if not self.held or self.queue is None:
-            return None
-        head = self.held[0]
-        if not may_enter(head.kind, self.queue, [kind for _, kind in self.sent]):
-            return None
-        self.held.popleft()
-        return head
+            return False
+        return may_enter(self.held[0].kind, self.queue, [kind for _, kind in self.sent])
+
+    def next_ready(self) -> Held | None:
+        """Take the head of the line if it may go to the pool now."""
+        return self.held.popleft() if self.head_ready() else None
 
     def take_due(self, now: float) -> tuple[list[Held], list[Held]]:
         """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
