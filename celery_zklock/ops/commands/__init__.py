@@ -16,7 +16,6 @@ Every break is logged on the ``celery_zklock.ops.commands`` logger, naming who r
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import json
 import logging
@@ -38,7 +37,13 @@ from celery_zklock.errors import ConfigurationError, ZkLockError
 from celery_zklock.locks.contenders import parse_child, queue_of
 from celery_zklock.locks.holders import Entry, LockState, read_lock, request_break
 from celery_zklock.ops.commands import checks
-from celery_zklock.ops.commands.render import held_table, locks_document, locks_table, name_and_key
+from celery_zklock.ops.commands.render import (
+    held_document,
+    held_table,
+    locks_document,
+    locks_table,
+    name_and_key,
+)
 from celery_zklock.ops.holders import read_locks
 from celery_zklock.task.delivery import wait_gone
 from celery_zklock.task.task import ZkLockTask
@@ -186,7 +191,8 @@ def zklock(ctx: click.Context, /, **_: Any) -> None:
 def locks(ctx: click.Context, /, names: Sequence[str], as_json: bool, **_: Any) -> None:
     """Every lock under zklock_root: mode, holders (task id, task, worker, pid, fencing token,
     held for) and waiters in the order they will be granted; then the messages the workers'
-    gates hold until their lock can be granted (count and oldest, per lock)."""
+    gates hold until their lock can be granted (task id, task, worker, held for, position in
+    its worker's line), per lock."""
     app = _app(ctx)
     settings = _settings(app)
     lock_names = None
@@ -201,7 +207,7 @@ def locks(ctx: click.Context, /, names: Sequence[str], as_json: bool, **_: Any) 
     now = time.time()
     if as_json:
         document = locks_document(settings.root, states, now)
-        document["held"] = [dataclasses.asdict(h) for h in held]
+        document["held"] = held_document(held)
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(locks_table(states, now))

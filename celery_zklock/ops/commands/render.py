@@ -24,7 +24,18 @@ if one is removed or changes meaning::
         }
       ],
       "held": [                      # ``locks`` only: messages held at the workers' gates
-        {"path": "/zklock/...", "count": 3, "oldest": 12.5, "workers": ["w1@host"]}
+        {
+          "path": "/zklock/...",     # sorted by path
+          "count": 3,                # messages held for this lock, every answering worker
+          "oldest": 12.5,            # seconds the oldest of them has been held
+          "workers": ["w1@host"],    # the workers holding them
+          "messages": [              # by position, then worker; a worker of an older
+                                     # version counts its messages in count, names none
+            {"task_id": "...", "task": "...", "worker": "w1@host",
+             "held_for": 12.5,       # seconds since it reached the gate
+             "position": 1}          # in its worker's line for this key: 1 goes first
+          ]
+        }
       ]
     }
 
@@ -52,6 +63,7 @@ and each NODE::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -205,8 +217,34 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
     return table([header, *body])
 
 
+def held_document(held: Sequence[HeldMessages]) -> list[dict[str, Any]]:
+    """The ``held`` list of the JSON document (see the module docstring)."""
+    return [
+        {
+            "path": h.path,
+            "count": h.count,
+            "oldest": h.oldest,
+            "workers": list(h.workers),
+            "messages": [dataclasses.asdict(m) for m in h.messages],
+        }
+        for h in held
+    ]
+
+
 def held_table(held: Sequence[HeldMessages]) -> str:
-    """The messages held at the workers' gates, per lock: count, the oldest's wait, workers."""
-    rows = [["HELD AT GATES", "MESSAGES", "OLDEST", "WORKERS"]]
-    rows += [[h.path, str(h.count), duration(h.oldest), ",".join(h.workers)] for h in held]
+    """The messages held at the workers' gates: a row per message, each lock's path on its
+    first row, in the order of :class:`~celery_zklock.worker.gate.step.HeldMessages`; LINE is
+    the position in its worker's line for the key. Messages of workers that name none (an
+    older version) are one row per lock: how many, the oldest's wait, those workers."""
+    rows = [["HELD AT GATES", "LINE", "FOR", "TASK ID", "TASK", "WORKER"]]
+    for h in held:
+        path = h.path
+        for m in h.messages:
+            rows.append([path, str(m.position), duration(m.held_for), m.task_id, m.task, m.worker])
+            path = ""
+        if h.unnamed:
+            naming = {m.worker for m in h.messages}
+            older = ",".join(w for w in h.workers if w not in naming)
+            unnamed = f"{h.unnamed} not named (older version)"
+            rows.append([path, "-", duration(h.oldest), unnamed, "-", older])
     return table(rows)

@@ -73,7 +73,7 @@ RECONNECT_EVERY: Final = 5.0
 
 class Gate:
     """The gate of one worker's consumer; see the module docstring. Every method but
-    :meth:`held_counts` runs on the consumer's thread."""
+    :meth:`held_by_key` runs on the consumer's thread."""
 
     def __init__(self, consumer: Any, config: GateConfig) -> None:
         self.consumer = consumer
@@ -106,15 +106,16 @@ class Gate:
         """Messages held now."""
         return sum(len(line.held) for line in self.lines.values())
 
-    def held_counts(self) -> dict[str, tuple[int, float]]:
-        """``{lock path: (messages held, seconds the oldest has waited)}`` (for operators)."""
+    def held_by_key(self) -> dict[str, list[tuple[str, str, float]]]:
+        """``{lock path: [(task id, task name, seconds held), ...]}`` (for operators): the
+        messages held now, each key's in line order, the order they go to the pool."""
         now = time.time()
-        counts = {}
+        report = {}
         for path, line in list(self.lines.items()):
             held = list(line.held)
             if held:
-                counts[path] = (len(held), now - min(h.due for h in held))
-        return counts
+                report[path] = [(h.request.id, h.request.name, now - h.due) for h in held]
+        return report
 
     # -- consumer life --------------------------------------------------------------------
     def start(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -116,13 +117,28 @@ def _probe(app: Any) -> None:
 
 
 def zklock_held(state: Any) -> dict[str, Any]:
-    """``{lock path: {"held": count, "oldest": seconds}}`` of this worker's gate."""
+    """This worker's gate, per lock path: ``{"held": count, "oldest": seconds, "messages":
+    [{"task_id", "task", "held_for", "position"}, ...]}``, the messages in line order
+    (``position`` 1 goes to the pool first). ``held`` and ``oldest`` are the whole reply of a
+    worker of a version before ``messages``: readers take both shapes (:func:`merge_held`)."""
     gate = getattr(state.consumer, CONSUMER_ATTRIBUTE, None)
     if gate is None:
         return {}
     return {
-        path: {"held": count, "oldest": round(oldest, 3)}
-        for path, (count, oldest) in gate.held_counts().items()
+        path: {
+            "held": len(line),
+            "oldest": round(max(held_for for _, _, held_for in line), 3),
+            "messages": [
+                {
+                    "task_id": task_id,
+                    "task": task,
+                    "held_for": round(held_for, 3),
+                    "position": position,
+                }
+                for position, (task_id, task, held_for) in enumerate(line, start=1)
+            ],
+        }
+        for path, line in gate.held_by_key().items()
     }
 
 
@@ -135,19 +151,42 @@ HELD_REPLY_TIMEOUT: Final = 1.0
 
 
 @dataclass(frozen=True)
+class HeldMessage:
+    """One message held at a worker's gate: its call (``task_id``, ``task``), the ``worker``
+    whose gate holds it, for ``held_for`` seconds (since it reached the gate), ``position`` in
+    that gate's line for its key (1 goes to the pool first, once the lock can be granted)."""
+
+    task_id: str
+    task: str
+    worker: str
+    held_for: float
+    position: int
+
+
+@dataclass(frozen=True)
 class HeldMessages:
     """What the workers' gates hold for one lock path: ``count`` messages, the ``oldest`` held
-    for that many seconds, in ``workers``."""
+    for that many seconds, in ``workers``; ``messages`` names them, ordered by position in
+    their gate's line, then worker (each gate's line goes in its own order; between gates the
+    order is the race for the lock). A worker of a version before named messages counts its
+    messages in ``count`` and names none."""
 
     path: str
     count: int
     oldest: float
     workers: tuple[str, ...]
+    messages: tuple[HeldMessage, ...] = ()
+
+    @property
+    def unnamed(self) -> int:
+        """Messages counted by workers that name none (an older version)."""
+        return self.count - len(self.messages)
 
 
 def held_messages(app: Any, timeout: float = HELD_REPLY_TIMEOUT) -> list[HeldMessages]:
     """The messages held at the gates of the app's workers that answer within ``timeout``
-    seconds, by lock path; empty when the broker cannot be reached (logged)."""
+    seconds, by lock path (:func:`merge_held`); empty when the broker cannot be reached
+    (logged)."""
     try:
         with app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1)
@@ -157,17 +196,30 @@ def held_messages(app: Any, timeout: float = HELD_REPLY_TIMEOUT) -> list[HeldMes
     except Exception as exc:
         logger.warning("could not ask the workers' gates what they hold: %r", exc)
         return []
+    return merge_held(replies or [])
+
+
+def merge_held(replies: Sequence[Mapping[str, Any]]) -> list[HeldMessages]:
+    """The ``zklock_held`` replies (``[{worker: {path: held}}]``) merged by lock path, sorted by
+    path. A worker's ``held`` may be this version's (with ``messages``) or an older one's
+    (``held`` and ``oldest`` only: a rolling deploy): both count; only the first names."""
     merged: dict[str, list[tuple[str, int, float]]] = {}
-    for reply in replies or []:
-        for worker, counts in reply.items():
-            for path, held in (counts or {}).items():
+    named: dict[str, list[HeldMessage]] = {}
+    for reply in replies:
+        for worker, paths in reply.items():
+            for path, held in (paths or {}).items():
                 merged.setdefault(path, []).append((worker, held["held"], held["oldest"]))
+                named.setdefault(path, []).extend(
+                    HeldMessage(m["task_id"], m["task"], worker, m["held_for"], m["position"])
+                    for m in held.get("messages") or ()
+                )
     return [
         HeldMessages(
             path,
             sum(count for _, count, _ in rows),
             max(oldest for _, _, oldest in rows),
             tuple(sorted(worker for worker, _, _ in rows)),
+            tuple(sorted(named[path], key=lambda m: (m.position, m.worker))),
         )
         for path, rows in sorted(merged.items())
     ]
