@@ -141,6 +141,11 @@ class DuplicateDelivery(Ignore):  # type: ignore[misc]
     ignores it (no state is written). The lock's dedupe marker is the original's to remove."""
 
 
+class OriginalAlive(DuplicateDelivery):
+    """The copy's original still runs or waits: its message must stay in the broker until the
+    original ends (:class:`celery_zklock.task.request.LockedRequest` keeps it there)."""
+
+
 def await_original(
     task: Any, client: KazooClient, side: Any, path: str, original: Contender, event: Event
 ) -> bool:
@@ -151,7 +156,7 @@ def await_original(
     event("same-delivery-waits", path, holder=task_id, node=original.name, grace=grace)
     if not wait_gone(client, f"{path}/{original.name}", grace):
         event("duplicate-ignored", path, holder=task_id)
-        raise DuplicateDelivery(
+        raise OriginalAlive(
             f"another delivery of task {task_id} still runs or waits under lock {path}: "
             "duplicate delivery ignored"
         )

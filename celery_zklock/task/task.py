@@ -79,6 +79,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
     lock_rate: ClassVar[str | None] = None
 
     _zklock_spec: ClassVar[TaskLockSpec | None] = None  # compiled lock: see _zklock_compile
+    Request = "celery_zklock.task.request:LockedRequest"  # an ignored copy keeps its message
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -51,6 +51,11 @@ def settled(app: Celery, redis_url: str, queue: str) -> Callable[[], bool]:
     return check
 
 
+def _active(app: Celery) -> int:
+    answer = app.control.inspect(timeout=1.0).active() or {}
+    return sum(len(requests) for requests in answer.values())
+
+
 def starts(tmp: Path, key: str) -> list[dict[str, Any]]:
     return [r for r in read_records(tmp / f"steps-{key}") if r["at"] == "start"]
 
@@ -310,3 +315,34 @@ def test_while_zookeeper_is_away_a_new_call_waits_behind_the_held_ones(
         wait_for(lambda: f"[{later.id}] received" in worker.log_text(), 30, "its receipt")
         assert _held(app) == 2
         (tmp / "release-away").touch()
+
+
+def test_an_ignored_copy_leaves_its_waiting_original_in_the_broker(
+    taskenv: tuple[Celery, dict[str, str], Path], redis_url: str, zk_client: KazooClient
+) -> None:
+    """The fleet's lost calls: Redis hands a message out again under the delivery tag it had
+    (kombu keeps one unacknowledged record per tag), so a copy's acknowledgement removes the
+    record of its original too. A call waits for a key the test holds, in the pool, with a 10 s
+    visibility timeout (longer than a copy waits for its original's node, 7 s, so that no
+    further copy is handed out meanwhile); its copy finds the original's node and is ignored;
+    then the worker is killed. The original must still be in the broker: a new worker runs it
+    once the key is free (before the fix it was gone, and the call never ran)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_step
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "10", "ZKLOCK_GATE": "false"}
+    lease = Mutex(zk_client, gated_step.lock_path("copy", 0, 0.1)).acquire(timeout=10)
+    try:
+        with workers(app, "prefork", 1, env, tmp, prefix="first") as (worker,):
+            call = gated_step.apply_async(("copy", 0, 0.1), queue=worker.queue)
+            wait_for(lambda: "event=duplicate-ignored" in worker.log_text(), 60, "a copy ignored")
+            # Once the worker's main process has dealt with the copy's end, only the original
+            # is active (the copy's message acknowledged, or not, by then).
+            wait_for(lambda: _active(app) == 1, 30, "the worker to be done with the copy")
+            worker.kill()
+    finally:
+        lease.release()
+    with workers(app, "prefork", 1, env, tmp, prefix="after") as (after,):
+        assert call.get(timeout=60) == 0
+        wait_for(settled(app, redis_url, after.queue), 60, "every copy to be dealt with")
+    assert [r["task_id"] for r in starts(tmp, "copy")] == [call.id]
