@@ -1,5 +1,6 @@
-"""The README's first example as a user runs it: a fresh venv with the README's install line
-(``pip install celery-zklock "celery[redis]"``, the package from this clone),
+"""The README's first example as a user runs it: a fresh venv with the README's install lines
+(the wheel built from a copy of this clone and installed with ``"celery[redis]"``, as
+docs/getting-started.md installs it: :func:`tests.fleet.test_wheel_install.install_from_wheel`),
 ``celery-zklock stack up`` from that venv, a ``celery worker`` of the example's module, and the
 example's own call. Only what the README leaves to the reader changes: the hosts and broker
 (from the stack's ``export`` lines) and ``write_balance`` (the reader's own function)."""
@@ -7,12 +8,12 @@ example's own call. Only what the README leaves to the reader changes: the hosts
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fleet.test_wheel_install import install_from_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT_RE = re.compile(r"^export (ZKLOCK_HOSTS|ZKLOCK_BROKER_URL)=(\S+)$")
@@ -28,13 +29,6 @@ def write_balance(account_id, fence):  # the reader's own function
 pytestmark = pytest.mark.slow
 
 
-def readme_install_line() -> str:
-    """The README's install line for a Redis broker (the test installs what it says)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    (line,) = [ln for ln in text.splitlines() if ln.startswith('pip install celery-zklock "')]
-    return line
-
-
 def readme_example() -> tuple[str, str]:
     """The first python block after "A locked task": (its definitions, its call)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -45,28 +39,9 @@ def readme_example() -> tuple[str, str]:
     return block[:split], block[split:]
 
 
-@pytest.mark.timeout(900)
 def test_the_readme_example_runs_in_a_fresh_venv(tmp_path: Path) -> None:
-    assert readme_install_line().split("#")[0].split() == [
-        "pip", "install", "celery-zklock", '"celery[redis]"'
-    ]  # fmt: skip
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    bin_dir = venv / "bin"
-    # From a copy of the tree: pip builds a directory in place (its build/), and the Docker
-    # tests' image builds (`pip wheel` of the tree) may run at the same time.
-    source = tmp_path / "src"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__"),
-    )
-    installed = subprocess.run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         str(source), "celery[redis]"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    venv, _ = install_from_wheel(tmp_path)
+    bin_dir = venv.path / "bin"
     stack = subprocess.Popen(
         [str(bin_dir / "celery-zklock"), "stack", "up"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,

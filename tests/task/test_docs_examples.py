@@ -1,9 +1,17 @@
-"""The documentation's code examples, run against real ZooKeeper and Redis.
+"""The documentation's code examples: every ```python block of docs/*.md and README.md is
+compiled and its imports of ``celery_zklock`` run (and every ``celery_zklock.module:Name`` the
+pages name resolves); the runnable ones run against real ZooKeeper and Redis.
 
-A ```python block in docs/*.md runs here when the line before its fence is an HTML comment (not
-shown on the site):
+A block runs here when the line before its fence is an HTML comment (not shown on the site):
 
 * ``<!-- doc-test -->``: a complete example; it starts a new namespace.
+* ``<!-- doc-test: context -->``: an example written for a reader's project, in which ``app``
+  (the reader's Celery app) and ``client`` (a started ``KazooClient``) exist, and the reader's
+  own functions the pages call (``write_somewhere``, ``export_everything``, ... in
+  :data:`READERS_OWN`) are stand-ins that record their calls. It starts a new namespace that
+  holds those, ``ZkLockTask`` and ``is_skipped``; after the block its app is finalized (so each
+  task it defined is made, its lock options checked). ``client`` is chrooted to the test's lock
+  root, so the page's paths (``/app/locks/...``) are made under it and removed after.
 * ``<!-- doc-test: worker -->``: runs in the namespace of the page's previous example, after an
   in-process worker (Celery's ``celery.contrib.testing.worker``, threads pool) was started for
   that namespace's ``app``; the block sends tasks to it like a caller would.
@@ -18,6 +26,8 @@ runs in ``make test`` like the others (never skipped: a missing package fails it
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 import threading
 from collections.abc import Iterator
@@ -29,12 +39,29 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
+from celery import Celery
 from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
+from kazoo.client import KazooClient
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+from celery_zklock import ZkLockTask, is_skipped
+from celery_zklock.zk.settings import settings_of
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = [*sorted(DOCS.glob("*.md")), ROOT / "README.md"]
 MARKER = re.compile(r"^<!--\s*doc-test(?::\s*(?P<kind>[\w-]+))?\s*-->\s*$")
-KINDS = (None, "worker")
+KINDS = (None, "context", "worker")
+STARTS = (None, "context")
+"""The kinds that start a new example (``worker`` continues the previous one)."""
+READERS_OWN = (
+    "write_somewhere",
+    "export_everything",
+    "compute_balance",
+    "expire_stale_rows",
+    "alert",
+)
+"""The reader's own functions the ``context`` examples call: stand-ins that record their calls."""
 DOCS_REDIS_DB = 9
 """The Redis database the examples use instead of their ``/0`` (flushed after each)."""
 
@@ -49,7 +76,8 @@ class Block:
 
 @dataclass
 class Example:
-    """One ``doc-test`` block and the ``doc-test: worker`` blocks that continue it."""
+    """One ``doc-test`` (or ``doc-test: context``) block and the ``doc-test: worker`` blocks
+    that continue it."""
 
     blocks: list[Block] = field(default_factory=list)
 
@@ -80,7 +108,7 @@ def _examples() -> list[Example]:
     for page in sorted(DOCS.glob("*.md")):
         current: Example | None = None
         for block in _blocks(page):
-            if block.kind is None or current is None:
+            if block.kind in STARTS or current is None:
                 current = Example()
                 examples.append(current)
             current.blocks.append(block)
@@ -91,11 +119,87 @@ EXAMPLES = _examples()
 
 
 def test_the_pages_that_must_have_running_examples_have_them() -> None:
-    """docs/getting-started.md is run as a reader runs it, with `celery-zklock stack up` and a
-    `celery worker` process: tests/task/test_getting_started.py."""
+    """docs/getting-started.md is run as a reader runs it, from a wheel installed in a fresh
+    venv, with `celery-zklock stack up` and a `celery worker` process:
+    tests/fleet/test_wheel_install.py."""
     pages = {example.blocks[0].page for example in EXAMPLES}
-    assert {"settings.md", "django.md", "coming-from-celery-once.md"} <= pages
-    assert (Path(__file__).parent / "test_getting_started.py").exists()
+    assert {"settings.md", "django.md", "coming-from-celery-once.md", "leader.md"} <= pages
+    assert {"concepts.md", "semaphore.md", "rate-limits.md", "multilock-and-preempt.md"} <= pages
+    assert (ROOT / "tests" / "fleet" / "test_wheel_install.py").exists()
+
+
+@dataclass
+class Shown:
+    """A ```python block of a page, whether it runs or not."""
+
+    page: Path
+    line: int
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.name}:{self.line}"
+
+
+def _shown(page: Path) -> Iterator[Shown]:
+    """Every ```python block of ``page`` (also one indented in a list), dedented."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    number = 0
+    while number < len(lines):
+        fence = lines[number]
+        if fence.strip() == "```python":
+            indent = fence[: len(fence) - len(fence.lstrip())]
+            end = lines.index(f"{indent}```", number + 1)
+            code = "\n".join(line.removeprefix(indent) for line in lines[number + 1 : end])
+            yield Shown(page, number + 2, code + "\n")
+            number = end
+        number += 1
+
+
+SHOWN = [shown for page in PAGES for shown in _shown(page)]
+REFERENCE = re.compile(r"\bcelery_zklock(?:\.\w+)*:\w+")
+"""``module:Name`` as the pages name a scheduler, a factory or a command's entry point."""
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.stmt]:
+    """The import statements of ``tree`` that import from ``celery_zklock``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""]
+        else:
+            continue
+        if any(module.split(".")[0] == "celery_zklock" for module in modules):
+            yield node
+
+
+@pytest.mark.parametrize("shown", SHOWN, ids=[s.id for s in SHOWN])
+def test_every_python_block_compiles_and_its_imports_resolve(shown: Shown) -> None:
+    """Also the blocks that do not run (they need a reader's project, or Django): each compiles,
+    and each of its imports of celery_zklock imports what it names."""
+    where = f"{shown.page.relative_to(ROOT)}:{shown.line}"
+    tree = ast.parse("\n" * (shown.line - 1) + shown.code, where)
+    for statement in _imports(tree):
+        module = ast.Module(body=[statement], type_ignores=[])
+        exec(compile(module, where, "exec"), {"__name__": "docs_imports"})
+
+
+def test_the_blocks_are_all_seen() -> None:
+    """Every ```python fence of the pages is one :data:`SHOWN` block, and every ``doc-test``
+    block is one of them."""
+    fences = sum(p.read_text().count("```python\n") for p in PAGES)
+    assert len(SHOWN) == fences > 40
+    shown = {(s.page.name, s.line) for s in SHOWN}
+    ran = {(b.page, b.line) for e in EXAMPLES for b in e.blocks}
+    assert ran <= shown and len(ran) > 15
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_module_name_reference_resolves(page: Path) -> None:
+    for reference in sorted(set(REFERENCE.findall(page.read_text(encoding="utf-8")))):
+        module, name = reference.split(":")
+        assert hasattr(importlib.import_module(module), name), f"{page.name}: {reference}"
 
 
 def test_the_testing_page_shows_the_test_our_suite_runs() -> None:
@@ -120,6 +224,55 @@ def _restore_finalizers(kept: set[Any]) -> None:
     celery_state._on_app_finalizers.intersection_update(kept)
 
 
+class Recorder:
+    """A reader's own function in a ``context`` example: records its calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((args, kwargs))
+
+
+@dataclass
+class Context:
+    """What a ``context`` example's namespace starts with; closed after the example."""
+
+    app: Celery
+    client: KazooClient
+    readers_own: dict[str, Recorder]
+
+    def namespace(self) -> dict[str, Any]:
+        return {
+            "app": self.app,
+            "client": self.client,
+            "ZkLockTask": ZkLockTask,
+            "is_skipped": is_skipped,
+            **self.readers_own,
+        }
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+        self.app.close()
+
+
+def _context(docs_redis: str, zk_hosts: str, lock_root: str) -> Context:
+    setup = KazooClient(hosts=zk_hosts)
+    setup.start(timeout=30)
+    try:
+        setup.ensure_path(lock_root)
+    finally:
+        setup.stop()
+        setup.close()
+    client = KazooClient(hosts=zk_hosts + lock_root)
+    client.start(timeout=30)
+    app = Celery("docs", broker=docs_redis, backend=docs_redis)
+    app.conf.zklock_hosts = zk_hosts
+    return Context(app, client, {name: Recorder(name) for name in READERS_OWN})
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
 def test_example(
     example: Example,
@@ -142,7 +295,12 @@ def test_example(
         # would break other tests' apps. Forget the example's shared tasks after it.
         finalizers = set(celery_state._on_app_finalizers)
         stack.callback(_restore_finalizers, finalizers)
+        context: Context | None = None
         for block in example.blocks:
+            if block.kind == "context":
+                context = _context(docs_redis, zk_hosts, lock_root)
+                stack.callback(context.close)
+                namespace.update(context.namespace())
             if block.kind == "worker":
                 app = namespace["app"]
                 stack.enter_context(
@@ -154,10 +312,19 @@ def test_example(
             compiled = compile("\n" * (block.line - 1) + source, f"docs/{block.page}", "exec")
             exec(compiled, namespace)
             printed = capsys.readouterr().out
-            if "print(" in source:
+            if "print(" in source and block.kind != "context":
                 # Every example prints only on the path it documents (a skip, a duplicate).
                 assert printed, f"docs/{block.page}:{block.line} printed nothing"
             with capsys.disabled():
                 print(f"\n[docs/{block.page}:{block.line}] {printed.strip()}")
+        if context is not None:
+            # Each task the example defined is made (its options checked) by the app's finalize,
+            # and the zklock_* settings it set are read as a worker reads them.
+            context.app.finalize(auto=True)
+            settings_of(context.app)
+            defined = [t for t in context.app.tasks.values() if isinstance(t, ZkLockTask)]
+            called = {r.name: r.calls for r in context.readers_own.values() if r.calls}
+            with capsys.disabled():
+                print(f"[{example.id}] tasks {sorted(t.name for t in defined)}, called {called}")
     leftover = [t.name for t in threading.enumerate() if t.name.startswith("WorkController")]
     assert not leftover, f"worker threads left running: {leftover}"
