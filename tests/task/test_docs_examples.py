@@ -100,12 +100,13 @@ def _blocks(page: Path) -> Iterator[Block]:
                 f"and stand right before a ```python fence, found {fence!r}"
             )
         end = lines.index("```", number + 2)
-        yield Block(page.name, number + 3, kind, "\n".join(lines[number + 2 : end]) + "\n")
+        where = str(page.relative_to(ROOT))
+        yield Block(where, number + 3, kind, "\n".join(lines[number + 2 : end]) + "\n")
 
 
 def _examples() -> list[Example]:
     examples: list[Example] = []
-    for page in sorted(DOCS.glob("*.md")):
+    for page in PAGES:
         current: Example | None = None
         for block in _blocks(page):
             if block.kind in STARTS or current is None:
@@ -122,7 +123,7 @@ def test_the_pages_that_must_have_running_examples_have_them() -> None:
     """docs/getting-started.md is run as a reader runs it, from a wheel installed in a fresh
     venv, with `celery-zklock stack up` and a `celery worker` process:
     tests/fleet/test_wheel_install.py."""
-    pages = {example.blocks[0].page for example in EXAMPLES}
+    pages = {Path(example.blocks[0].page).name for example in EXAMPLES}
     assert {"settings.md", "django.md", "coming-from-celery-once.md", "leader.md"} <= pages
     assert {"concepts.md", "semaphore.md", "rate-limits.md", "multilock-and-preempt.md"} <= pages
     assert (ROOT / "tests" / "fleet" / "test_wheel_install.py").exists()
@@ -190,7 +191,7 @@ def test_the_blocks_are_all_seen() -> None:
     block is one of them."""
     fences = sum(p.read_text().count("```python\n") for p in PAGES)
     assert len(SHOWN) == fences > 40
-    shown = {(s.page.name, s.line) for s in SHOWN}
+    shown = {(str(s.page.relative_to(ROOT)), s.line) for s in SHOWN}
     ran = {(b.page, b.line) for e in EXAMPLES for b in e.blocks}
     assert ran <= shown and len(ran) > 15
 
@@ -309,14 +310,14 @@ def test_example(
             source = block.code.replace("redis://localhost:6379/0", docs_redis)
             source = source.replace("localhost:2181", zk_hosts)
             # Blank lines keep the page's line numbers in tracebacks.
-            compiled = compile("\n" * (block.line - 1) + source, f"docs/{block.page}", "exec")
+            compiled = compile("\n" * (block.line - 1) + source, block.page, "exec")
             exec(compiled, namespace)
             printed = capsys.readouterr().out
             if "print(" in source and block.kind != "context":
                 # Every example prints only on the path it documents (a skip, a duplicate).
-                assert printed, f"docs/{block.page}:{block.line} printed nothing"
+                assert printed, f"{block.page}:{block.line} printed nothing"
             with capsys.disabled():
-                print(f"\n[docs/{block.page}:{block.line}] {printed.strip()}")
+                print(f"\n[{block.page}:{block.line}] {printed.strip()}")
         if context is not None:
             # Each task the example defined is made (its options checked) by the app's finalize,
             # and the zklock_* settings it set are read as a worker reads them.
