@@ -78,6 +78,9 @@ from celery_zklock.zk.calls import Deadline, synced_children, wait_result, wait_
 
 logger = logging.getLogger("celery_zklock.locks")
 
+#: Default seconds :meth:`ContenderQueue.participant_nodes` waits for ZooKeeper's answer.
+PARTICIPANTS_TIMEOUT: Final = 5.0
+
 
 @dataclass
 class Created:
@@ -505,10 +508,12 @@ class ContenderQueue:
         [(_, nodes)] = read_queues(self.client, [self.path], Deadline(timeout), blocker)
         return bytes(nodes[0][1]) if nodes else None
 
-    def participant_nodes(self) -> list[str]:
-        """Names of the current contenders on this lock path, in grant order."""
+    def participant_nodes(self, timeout: float = PARTICIPANTS_TIMEOUT) -> list[str]:
+        """Names of the current contenders on this lock path, in grant order. Raises
+        ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds."""
+        listing = self.client.get_children_async(self.path)
         try:
-            children = self.client.get_children(self.path)
+            children = wait_result(listing, Deadline(timeout), f"listing {self.path}")
         except NoNodeError:
             return []
         return [c.name for c in queue_of(children)]

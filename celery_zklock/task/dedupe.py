@@ -1,5 +1,5 @@
 """Enqueue-time deduplication: one message per lock key while an earlier one is queued (or
-running), crash-safely.
+running), crash-safely, and never waiting on ZooKeeper past a deadline.
 
 A call with ``lock_dedupe`` set first claims a *marker*, a znode next to the run lock
 (``<lock path>~dedupe``) whose data names the task id that owns it: one read, and one create
@@ -18,11 +18,30 @@ stops counting when:
   and ``ttl`` seconds passed since it was written: the server deletes it; or
 - (everywhere) its owner's state in the result backend is final (``SUCCESS``, ``FAILURE``,
   ``REVOKED``...): the run is over, whatever became of the marker; or
-- it is older than ``ttl`` by the claiming caller's clock (the data holds the writer's time).
+- it is older than ``ttl`` by the claiming caller's clock (the data holds the writer's time); or
+- it reached ZooKeeper after its caller gave up (see below).
 
 A caller that finds a marker that no longer counts replaces it with a *versioned* ``set``: of
 two callers that both judged it stale, one ``set`` fails on the version and that caller reads
 again, so two callers never both send because of a stale check.
+
+**Deadline.** A claim waits for ZooKeeper at most ``timeout`` seconds (the app's
+``zklock_dedupe_timeout``), then raises ``ZooKeeperUnavailable``: the caller sends nothing, or
+sends without the marker (``lock_dedupe_unavailable="send"``). It sends no write while its
+client has no connection (kazoo would queue it and send it after the reconnect), but a write
+already sent may still be waiting in a server that stalls, and land later, naming a task id
+whose caller gave up. Such a *late marker* never blocks the key:
+
+- the marker's data holds the caller's deadline (its clock: when the claim started plus
+  ``timeout``), and a later caller treats a marker that the server last wrote (its ``mtime``)
+  after that deadline as absent (replaces it, as a stale one); and
+- the caller that gave up removes it when the late write's answer comes (a versioned delete,
+  so a marker another caller wrote since stays).
+
+The first compares the server's clock with the writer's: a server clock ahead by more than
+``timeout`` would make every marker look late (no deduplication, never a lost call); a late
+marker whose writer died before the answer came, on a server clock behind, counts until its
+owner's state or ``ttl`` ends it, as any marker of a call that was never sent.
 
 **Worst case**: a key whose owner will never run (killed caller, lost or purged message) is
 deduplicated for ``ttl`` seconds after the marker was written (plus the clock skew between
@@ -32,11 +51,11 @@ mid-run leaves the state ``STARTED`` (or ``PENDING``): the same bound.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import posixpath
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -45,25 +64,39 @@ from celery import states
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
     NodeExistsError,
     NoNodeError,
+    SessionExpiredError,
     UnimplementedError,
 )
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
 
-from celery_zklock.errors import ZkLockError
+from celery_zklock.errors import ZkLockError, ZooKeeperUnavailable
+from celery_zklock.locks.context import context_for
 from celery_zklock.locks.queue import make_containers
 from celery_zklock.task.interrupt import STOPPING
 from celery_zklock.zk import adapter
 from celery_zklock.zk.calls import Deadline, wait_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import settings_of
+from celery_zklock.zk.settings import DEFAULT_DEDUPE_TIMEOUT, settings_of
 
 __all__ = ["AlreadyQueued", "Dedupe", "claim", "enqueue_once", "marker_path", "release"]
 
 Dedupe = Literal["queued", "running"]
 MARKER_SUFFIX: Final = "~dedupe"
-CALL_TIMEOUT: Final = 10.0
 CLAIM_ROUNDS: Final = 5
+
+_UNREACHABLE: Final = (
+    ConnectionLoss,
+    SessionExpiredError,
+    ConnectionClosedError,
+    KazooTimeoutError,
+)
+"""What kazoo raises when ZooKeeper cannot be reached (besides our ``ZooKeeperUnavailable``):
+a dropped connection, an expired session, a closed client, a first connect that timed out."""
 
 logger = logging.getLogger("celery_zklock")
 
@@ -79,26 +112,40 @@ class AlreadyQueued(ZkLockError):
 
 @dataclass(frozen=True)
 class Marker:
-    """What a marker holds: the owning task id, its mode, and when (writer's clock) it was
-    written."""
+    """What a marker holds: the owning task id, its mode, when (writer's clock) it was
+    written, and when (writer's clock) its writer stopped waiting for the write: a marker the
+    server wrote after that is a late one (see the module docstring). Markers written before
+    the deadline existed have none."""
 
     task_id: str
     mode: str
     written: float
+    deadline: float | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"task_id": self.task_id, "mode": self.mode, "written": self.written},
-            separators=(",", ":"),
-        ).encode()
+        data: dict[str, Any] = {"task_id": self.task_id, "mode": self.mode, "written": self.written}
+        if self.deadline is not None:
+            data["deadline"] = self.deadline
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Marker | None:
         try:
             data = json.loads(raw)
-            return cls(str(data["task_id"]), str(data["mode"]), float(data["written"]))
-        except (ValueError, KeyError, TypeError):
+            deadline = data.get("deadline")
+            return cls(
+                str(data["task_id"]),
+                str(data["mode"]),
+                float(data["written"]),
+                None if deadline is None else float(deadline),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def late(self, stat: ZnodeStat) -> bool:
+        """True if the server wrote this marker (``stat.mtime``, its clock) after its writer
+        gave up waiting for it (:attr:`deadline`, the writer's clock)."""
+        return self.deadline is not None and stat.mtime / 1000.0 > self.deadline
 
 
 def enqueue_once(
@@ -114,24 +161,47 @@ def enqueue_once(
     ``AlreadyQueued`` with ``options.dedupe_raise``. The marker is removed again if the send
     fails, so a failed call leaves nothing behind.
 
+    ZooKeeper unreachable (no answer within the app's ``zklock_dedupe_timeout``, or no first
+    connection within ``zklock_connect_timeout``): ``ZooKeeperUnavailable`` and nothing sent,
+    or with ``options.dedupe_unavailable == "send"`` the message sent without deduplication.
+
     ``resend``: the message is ``task_id``'s own sent again (its ``retry``, or Celery's re-send
     after a lost worker): it is always sent, as dropping it would leave the task waiting for
     a run that never comes; it claims the marker when that is free or its own, and leaves
     another call's marker alone (a ``queued`` run gave its marker up when it started)."""
-    client = get_client(settings_of(task.app).client)
+    settings = settings_of(task.app)
     try:
+        client = get_client(settings.client)
         owner = claim(
-            client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task)
+            client,
+            lock_path,
+            task_id,
+            options.dedupe,
+            options.dedupe_ttl,
+            _state_of(task),
+            settings.dedupe_timeout,
         )
     except STOPPING:
         raise
-    except Exception:
-        if not resend:
+    except Exception as exc:
+        if resend:
+            # ZooKeeper failed: the marker is only an optimisation, the re-send is not
+            logger.warning("zklock: could not claim %s for the re-send of task %s",
+                           marker_path(lock_path), task_id, exc_info=True)  # fmt: skip
+            return send()
+        if not isinstance(exc, (ZooKeeperUnavailable, *_UNREACHABLE)):
             raise
-        # ZooKeeper failed: the marker is only an optimisation, the re-send is not
-        logger.warning("zklock: could not claim %s for the re-send of task %s",
-                       marker_path(lock_path), task_id, exc_info=True)  # fmt: skip
-        return send()
+        if options.dedupe_unavailable == "send":
+            logger.warning(
+                "zklock: task %s (%s) sent without deduplication: %s (lock_dedupe_unavailable"
+                "='send')", task.name, task_id, _unreachable(exc, settings.dedupe_timeout),
+            )  # fmt: skip
+            return send()
+        raise ZooKeeperUnavailable(
+            f"task {task.name!r}: nothing sent: {_unreachable(exc, settings.dedupe_timeout)} "
+            f"while claiming the dedupe marker of lock {lock_path}; lock_dedupe_unavailable="
+            "'send' sends without deduplication instead"
+        ) from exc
     if owner is not None and resend:
         return send()  # another call's marker: left alone
     if owner is not None:
@@ -146,8 +216,18 @@ def enqueue_once(
     try:
         return send()
     except BaseException:
-        release(client, lock_path, task_id)
+        try:
+            release(client, lock_path, task_id, settings.dedupe_timeout)
+        except Exception:  # the send's error is the one to raise; the ttl bounds the marker
+            logger.warning("zklock: could not remove the dedupe marker of task %s after its "
+                           "send failed", task_id, exc_info=True)  # fmt: skip
         raise
+
+
+def _unreachable(exc: Exception, timeout: float) -> str:
+    if isinstance(exc, ZooKeeperUnavailable):
+        return f"{exc} (zklock_dedupe_timeout {timeout:g}s)"
+    return f"ZooKeeper unreachable ({type(exc).__name__}: {exc})"
 
 
 def _state_of(task: Any) -> Callable[[str], str]:
@@ -168,10 +248,6 @@ def marker_path(lock_path: str) -> str:
     return lock_path + MARKER_SUFFIX
 
 
-_ttl_unsupported: weakref.WeakSet[KazooClient] = weakref.WeakSet()
-"""Clients whose server answered createTTL with Unimplemented (TTL nodes not enabled)."""
-
-
 def claim(
     client: KazooClient,
     lock_path: str,
@@ -179,83 +255,153 @@ def claim(
     mode: Dedupe,
     ttl: float,
     owner_state: Any,
+    timeout: float = DEFAULT_DEDUPE_TIMEOUT,
 ) -> str | None:
     """Claim ``lock_path``'s marker for ``task_id``; None if it is ours now (send the message),
     else the task id that owns it (send nothing).
 
     ``owner_state(task_id)`` returns a task's state in the result backend (``PENDING`` when the
     backend knows nothing). A marker already naming ``task_id`` is ours (a retry re-sends with
-    the same id).
+    the same id). Raises ``ZooKeeperUnavailable`` once ``timeout`` seconds passed without the
+    answers it needs; a write of ours still unanswered then is undone when it lands (see the
+    module docstring). A connection lost on the way is waited for, and the marker read again:
+    a create whose answer the lost connection took may have landed, and then names us.
     """
     path = marker_path(lock_path)
-    ours = Marker(task_id, mode, time.time()).encode()
-    for _ in range(CLAIM_ROUNDS):
-        # Read first: a create that fails on an existing node is still a logged, fsynced
-        # transaction on the server; a read is not (the deduplicated call is the common one).
+    deadline = Deadline(timeout)
+    now = time.time()
+    ours = Marker(task_id, mode, now, now + timeout).encode()
+    context = context_for(client)
+    what = f"claiming the dedupe marker {path}"
+    contended = 0
+    while contended < CLAIM_ROUNDS:
+        # No request while the client has no connection: kazoo would send it after the
+        # reconnect, however long after we gave up.
+        context.await_connected(deadline, what)
         try:
-            raw, stat = client.get(path)
-        except NoNodeError:
-            if _create(client, path, ours, ttl):
-                return None
-            continue  # another caller created it between our read and our create: read it
-        found = Marker.decode(raw)
-        if found is not None and found.task_id == task_id:
-            return None
-        if found is not None and not _stale(found, ttl, owner_state):
-            return found.task_id
-        try:
-            client.set(path, ours, version=stat.version)
-            return None
-        except (BadVersionError, NoNodeError):
-            continue  # another caller replaced or removed it first: look again
+            owner = _claim_once(client, path, task_id, ours, ttl, owner_state, deadline)
+        except (ConnectionLoss, SessionExpiredError):
+            if deadline.expired():  # kazoo may fail requests at once, without a wait
+                raise ZooKeeperUnavailable(deadline.why(what)) from None
+            continue
+        if not isinstance(owner, _Again):
+            return owner
+        contended += 1
     raise ZkLockError(
         f"could not claim the dedupe marker {path} in {CLAIM_ROUNDS} rounds (it kept changing)"
     )
 
 
-def release(client: KazooClient, lock_path: str, task_id: str) -> bool:
-    """Remove ``lock_path``'s marker if it still names ``task_id``; True if removed."""
-    path = marker_path(lock_path)
+class _Again:
+    """:func:`_claim_once` lost a race with another caller: read again."""
+
+
+_AGAIN: Final = _Again()
+
+
+def _claim_once(
+    client: KazooClient,
+    path: str,
+    task_id: str,
+    ours: bytes,
+    ttl: float,
+    owner_state: Any,
+    deadline: Deadline,
+) -> str | _Again | None:
+    """One read and at most one write: None (ours), the owner's task id, or :data:`_AGAIN`."""
+    # Read first: a create that fails on an existing node is still a logged, fsynced
+    # transaction on the server; a read is not (the deduplicated call is the common one).
     try:
-        raw, stat = client.get(path)
+        raw, stat = wait_result(client.get_async(path), deadline, f"reading {path}")
+    except NoNodeError:
+        return None if _create(client, path, ours, ttl, deadline) else _AGAIN
+    found = Marker.decode(raw)
+    if found is not None and found.task_id == task_id:
+        return None
+    if found is not None and not _stale(found, stat, ttl, owner_state):
+        return found.task_id
+    try:
+        _write(client, path, client.set_async(path, ours, version=stat.version), deadline)
+    except (BadVersionError, NoNodeError):
+        return _AGAIN  # another caller replaced or removed it first: look again
+    return None
+
+
+def release(
+    client: KazooClient, lock_path: str, task_id: str, timeout: float = DEFAULT_DEDUPE_TIMEOUT
+) -> bool:
+    """Remove ``lock_path``'s marker if it still names ``task_id``; True if removed.
+    Raises ``ZooKeeperUnavailable`` when ZooKeeper does not answer within ``timeout`` seconds."""
+    path = marker_path(lock_path)
+    deadline = Deadline(timeout)
+    what = f"removing the dedupe marker {path}"
+    try:
+        raw, stat = wait_result(client.get_async(path), deadline, what)
         found = Marker.decode(raw)
         if found is None or found.task_id != task_id:
             return False
-        client.delete(path, version=stat.version)
+        wait_result(client.delete_async(path, version=stat.version), deadline, what)
     except (NoNodeError, BadVersionError):
         return False
     return True
 
 
-def _stale(marker: Marker, ttl: float, owner_state: Any) -> bool:
+def _stale(marker: Marker, stat: ZnodeStat, ttl: float, owner_state: Any) -> bool:
+    if marker.late(stat):
+        return True  # its caller gave up before it was written: nothing was sent for it
     if time.time() - marker.written > ttl:
         return True
     return owner_state(marker.task_id) in states.READY_STATES
 
 
-def _create(client: KazooClient, path: str, data: bytes, ttl: float) -> bool:
+def _create(client: KazooClient, path: str, data: bytes, ttl: float, deadline: Deadline) -> bool:
     """Create the marker (a TTL node where the server has them); False if it exists."""
     for _ in range(CLAIM_ROUNDS):
         try:
-            _create_once(client, path, data, ttl)
+            _create_once(client, path, data, ttl, deadline)
             return True
         except NodeExistsError:
             return False
         except NoNodeError:
             # The parent is a container: it may have been reaped.
-            make_containers(client, posixpath.dirname(path), Deadline(CALL_TIMEOUT))
+            make_containers(client, posixpath.dirname(path), deadline)
     raise ZkLockError(f"could not create the dedupe marker {path}: its parent kept vanishing")
 
 
-def _create_once(client: KazooClient, path: str, data: bytes, ttl: float) -> None:
-    if client not in _ttl_unsupported:
+def _create_once(
+    client: KazooClient, path: str, data: bytes, ttl: float, deadline: Deadline
+) -> None:
+    if adapter.has_ttl_nodes(client):
+        ttl_ms = max(1, round(ttl * 1000))
         try:
-            wait_result(
-                adapter.create_ttl_async(client, path, data, max(1, round(ttl * 1000))),
-                Deadline(CALL_TIMEOUT),
-                f"create {path}",
-            )
+            _write(client, path, adapter.create_ttl_async(client, path, data, ttl_ms), deadline)
             return
         except UnimplementedError:
-            _ttl_unsupported.add(client)
-    client.create(path, data)
+            adapter.note_no_ttl_nodes(client)
+    _write(client, path, client.create_async(path, data), deadline)
+
+
+def _write(client: KazooClient, path: str, request: Any, deadline: Deadline) -> Any:
+    """Wait for a write of the marker at ``path`` (a create or a versioned set) until
+    ``deadline``. If the wait ends without its answer (the deadline, or an exception thrown
+    into the caller), the write may still land: it is then undone as its answer comes."""
+    try:
+        return wait_result(request, deadline, f"writing {path}")
+    except BaseException:
+        request.rawlink(functools.partial(_undo_late, client, path))
+        raise
+
+
+def _undo_late(client: KazooClient, path: str, result: Any) -> None:
+    """On kazoo's callback thread (must not block): the answer of a marker write whose caller
+    gave up. Written: delete it, at the version written (a create's is 0), so that a marker
+    another caller wrote since stays. Not written, or no answer (the connection dropped): the
+    marker's deadline tells later callers (:meth:`Marker.late`)."""
+    if not result.successful():
+        return
+    version = getattr(result.get(), "version", 0)  # a set's stat; a create's path
+    logger.info("zklock: the dedupe marker %s was written after its caller gave up: removed", path)
+    try:
+        client.delete_async(path, version=version)
+    except Exception:  # the client is closing: the marker's deadline still tells
+        logger.debug("could not remove the late dedupe marker %s", path, exc_info=True)

@@ -32,7 +32,9 @@ __all__ = [
     "CALL_OPTION",
     "CALL_OVERRIDES",
     "DEDUPE_MODES",
+    "DEDUPE_UNAVAILABLE_POLICIES",
     "DEFAULT_DEDUPE_TTL",
+    "DEFAULT_DEDUPE_UNAVAILABLE",
     "DEFAULT_MODE",
     "DEFAULT_ON_BUSY",
     "DEFAULT_ON_LOST",
@@ -47,6 +49,7 @@ __all__ = [
     "OPTIONS",
     "TASK_ATTRIBUTES",
     "Dedupe",
+    "DedupeUnavailable",
     "LockMode",
     "LockOptions",
     "Naming",
@@ -69,12 +72,14 @@ OnBusy = Literal["skip", "wait", "retry", "raise", "preempt"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
 Dedupe = Literal["queued", "running"]
+DedupeUnavailable = Literal["raise", "send"]
 
 LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
 ON_BUSY_POLICIES: Final[tuple[OnBusy, ...]] = get_args(OnBusy)
 ON_TIMEOUT_POLICIES: Final[tuple[OnTimeout, ...]] = get_args(OnTimeout)
 ON_LOST_POLICIES: Final[tuple[OnLost, ...]] = get_args(OnLost)
 DEDUPE_MODES: Final[tuple[Dedupe, ...]] = get_args(Dedupe)
+DEDUPE_UNAVAILABLE_POLICIES: Final[tuple[DedupeUnavailable, ...]] = get_args(DedupeUnavailable)
 
 DEFAULT_MODE: Final[LockMode] = "exclusive"
 DEFAULT_ON_BUSY: Final[OnBusy] = "wait"
@@ -83,6 +88,7 @@ DEFAULT_ON_TIMEOUT: Final[OnTimeout] = "raise"
 DEFAULT_ON_LOST: Final[OnLost] = "raise"
 DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
 DEFAULT_DEDUPE_TTL: Final[float] = 3600.0
+DEFAULT_DEDUPE_UNAVAILABLE: Final[DedupeUnavailable] = "raise"
 
 MAX_LOCK_NAME_LENGTH: Final = 255
 """Longest accepted lock name (one znode path segment)."""
@@ -129,6 +135,7 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "dedupe": OptionRule(True, lambda n, label, v: _dedupe(n.context, label, v)),
         "dedupe_raise": OptionRule(True, lambda n, label, v: _flag(n.context, label, v)),
         "dedupe_ttl": OptionRule(True, lambda n, label, v: _positive(n.context, label, v)),
+        "dedupe_unavailable": OptionRule(True, _choice_of(DEDUPE_UNAVAILABLE_POLICIES)),
         "rate": OptionRule(True, lambda n, label, v: _rate(n.context, label, v)),
     }
 )
@@ -229,6 +236,12 @@ class LockOptions:
     """``lock_dedupe_ttl``: seconds after which a marker whose message never ran (a caller killed
     before sending, a lost or purged message, a worker killed mid-run) stops deduplicating its
     key, ``> 0``: the worst case (see :mod:`celery_zklock.task.dedupe`)."""
+
+    dedupe_unavailable: DedupeUnavailable = DEFAULT_DEDUPE_UNAVAILABLE
+    """``lock_dedupe_unavailable``, when ZooKeeper does not answer a deduplicated call within
+    the app's ``zklock_dedupe_timeout``: ``raise`` (``apply_async`` raises
+    ``ZooKeeperUnavailable`` and nothing is sent) or ``send`` (the message is sent without
+    deduplication, with a warning)."""
 
     @property
     def lock_kind(self) -> LockKind:
@@ -483,7 +496,11 @@ class TaskLockSpec:
                 f"{task_class.__qualname__} has no task name: register an instance "
                 "(app.register_task) or set its name before it is used"
             )
-        attrs = {attr: getattr(task_class, attr) for attr in TASK_ATTRIBUTES}
+        # An option without a class attribute of ZkLockTask (which stays small) takes its
+        # default unless the task sets it.
+        attrs = {
+            attr: getattr(task_class, attr) for attr in TASK_ATTRIBUTES if hasattr(task_class, attr)
+        }
         attrs.update(
             (attr, value)
             for attr, value in vars(task_class).items()

@@ -4,11 +4,15 @@ environment variable of the same name in upper case, else the one default kept h
 Every module that reads a setting (the lock layer, beat, metrics, the commands) reads it through
 :func:`setting` or :func:`settings_of`; each setting's default is one constant of this module,
 and ``docs/settings.md`` lists them. :class:`ClientConfig` is the connection part of the settings.
+Every setting's name is in one registry, :mod:`celery_zklock.zk.known`: :func:`setting` reads
+only names listed there, and names each ``zklock_*``/``ZKLOCK_*`` name that is not one (a
+typo, ignored otherwise) with the setting it most likely means, once per process.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import urllib.parse
@@ -20,6 +24,8 @@ from typing import Any, Final
 from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.zk import known
+from celery_zklock.zk.known import SASL_KEYS
 from celery_zklock.zk.validate import seconds, short_repr, znode_path
 
 DEFAULT_ROOT: Final = "/zklock"
@@ -39,7 +45,16 @@ with it; anyone may read it (operators see who holds what)."""
 
 def setting(conf: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """The value of setting ``name`` (``zklock_*``): ``conf[name]`` unless None, else the
-    environment variable ``NAME`` (text), else ``default``."""
+    environment variable ``NAME`` (text), else ``default``.
+
+    ``name`` must be in the registry (:data:`celery_zklock.zk.known.APP_SETTINGS`, else
+    ValueError: a reader of a setting nobody registered is a bug of ours). Each read also warns
+    of the names in ``conf`` and the environment that look like settings and are none
+    (:func:`celery_zklock.zk.known.warn_unknown`: each once per process), so a typo is named
+    when the settings are first read, whichever reader reads first."""
+    if name not in known.APP_SETTINGS:
+        raise ValueError(f"{name!r} is not in celery_zklock.zk.known.APP_SETTINGS: register it")
+    known.warn_unknown(conf)
     value = conf.get(name)
     if value is None:
         value = os.environ.get(name.upper(), default)
@@ -80,10 +95,7 @@ class ClientConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the bad setting."""
         if not self.factory and (not self.hosts or not self.hosts.strip()):
-            raise ConfigurationError(
-                "ZooKeeper hosts are empty: set app.conf.zklock_hosts or the ZKLOCK_HOSTS "
-                "environment variable, e.g. 'zk1:2181,zk2:2181,zk3:2181'"
-            )
+            raise ConfigurationError(f"ZooKeeper hosts are empty: {NO_HOSTS_ADVICE}")
         if not self.factory:
             host_ports(self.hosts)
         seconds("zklock_session_timeout", self.session_timeout)
@@ -114,8 +126,15 @@ class ClientConfig:
             )
 
 
+NO_HOSTS_ADVICE: Final = (
+    "set app.conf.zklock_hosts or the ZKLOCK_HOSTS environment variable, e.g. "
+    "'zk1:2181,zk2:2181,zk3:2181'"
+)
 DEFAULT_PORT: Final = 2181
 """The port of a ``zklock_hosts`` entry that names none."""
+HOSTS_FORMAT: Final = "host:port[,host:port...][/chroot]"
+"""The format of ``zklock_hosts``, as error messages give it."""
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def host_ports(hosts: str) -> list[tuple[str, int]]:
@@ -123,12 +142,20 @@ def host_ports(hosts: str) -> list[tuple[str, int]]:
     ``host[:port][,host[:port]...][/chroot]`` (port :data:`DEFAULT_PORT` when an entry has none,
     an IPv6 address in brackets), read as kazoo reads it.
 
-    Raises :class:`ConfigurationError` naming ``zklock_hosts`` and the entry: an empty entry, a
-    port that is not a number from 1 to 65535, a chroot that is not a znode path. kazoo would
-    raise a bare ``ValueError`` at connect time for these, which reads as ZooKeeper being down.
+    Raises :class:`ConfigurationError` naming ``zklock_hosts`` and the entry: a URL scheme
+    (``zk://127.0.0.1:2181``: a connection string has none), an empty entry, a port that is
+    not a number from 1 to 65535, a chroot that is not a znode path. kazoo would raise a bare
+    ``ValueError`` at connect time for these, which reads as ZooKeeper being down.
     """
-    text, slash, chroot = hosts.partition("/")
     example = "e.g. 'zk1:2181,zk2:2181,zk3:2181'"
+    scheme = _SCHEME.search(hosts)
+    if scheme is not None:
+        raise ConfigurationError(
+            f"zklock_hosts (env ZKLOCK_HOSTS) {short_repr(hosts)}: a ZooKeeper connection "
+            f"string has no scheme ({scheme.group()}); give {HOSTS_FORMAT}, here "
+            f"{short_repr(_SCHEME.sub('', hosts))}"
+        )
+    text, slash, chroot = hosts.partition("/")
     if slash and chroot:
         znode_path("zklock_hosts' chroot", f"/{chroot}")
     found = []
@@ -148,8 +175,8 @@ def host_ports(hosts: str) -> list[tuple[str, int]]:
         if problem is not None:
             raise ConfigurationError(
                 f"zklock_hosts (env ZKLOCK_HOSTS) {short_repr(hosts)}: the entry "
-                f"{short_repr(entry.strip())} is not valid ({problem}); give host:port entries "
-                f"separated by commas, {example}"
+                f"{short_repr(entry.strip())} is not valid ({problem}); give {HOSTS_FORMAT}, "
+                f"{example}"
             )
         assert parts.hostname is not None
         found.append((parts.hostname, port or DEFAULT_PORT))
@@ -202,6 +229,11 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
         check_hostname=_flag(conf, "zklock_ssl_check_hostname", use_ssl and verify),
         factory=text_setting(conf, "zklock_client_factory"),
     )
+    if not config.factory and not config.hosts:
+        typos = [u for u in known.unknown_settings(conf) if u.means("zklock_hosts")]
+        if typos:  # "empty" alone hides the cause: say which name was meant as the hosts
+            said = "; ".join(u.describe() for u in typos)
+            raise ConfigurationError(f"ZooKeeper hosts are empty ({said}): {NO_HOSTS_ADVICE}")
     config.validate()
     return config
 
@@ -248,10 +280,6 @@ def _auth(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
             f"zklock_auth must be a list of (scheme, credential) pairs, e.g. "
             f"[('digest', 'alice:secret')], got {value!r}"
         ) from None
-
-
-SASL_KEYS = ("mechanism", "username", "password", "service", "principal")
-"""What ``zklock_sasl`` may hold (kazoo's ``sasl_options``); env ``ZKLOCK_SASL_<KEY>``."""
 
 
 def _sasl(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -125,14 +125,16 @@ def test_zookeeper_failing_at_the_marker(
         return "ran"
 
     first = job.apply_async(("k",))
-    real_get = KazooClient.get
+    real_get = KazooClient.get_async
 
     def get(client: KazooClient, path: str, *args: Any, **kwargs: Any) -> Any:
         if path.endswith(MARKER_SUFFIX) and client is not zk_client:  # the run's read of it
-            raise ConnectionLoss()  # what kazoo raises when the connection drops meanwhile
+            failed = client.handler.async_result()
+            failed.set_exception(ConnectionLoss())  # what kazoo answers when the connection drops
+            return failed
         return real_get(client, path, *args, **kwargs)
 
-    monkeypatch.setattr(KazooClient, "get", get)
+    monkeypatch.setattr(KazooClient, "get_async", get)
     _trace(job, first.id, "k")
     assert bool(bodies) is ran
     assert job.AsyncResult(first.id).state == state, job.AsyncResult(first.id).result

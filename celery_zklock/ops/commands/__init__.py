@@ -513,13 +513,15 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
     server version and mode, container nodes, ACL and auth, the lease clock's assumptions.
     Exit status 1 if any check FAILs."""
     app = ctx.obj.app
+    names = checks.setting_name_checks(app.conf)  # first: each misspelt name said here, once
     try:
         settings = settings_of(app)
     except ConfigurationError as exc:
-        click.echo(checks.report([checks.Check("FAIL", "settings", str(exc))]))
+        click.echo(checks.report([*names, checks.Check("FAIL", "settings", str(exc))]))
         raise click.exceptions.Exit(1) from None
     config = settings.client
     found = [
+        *names,
         checks.Check(
             "PASS",
             "settings",

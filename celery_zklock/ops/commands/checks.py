@@ -3,6 +3,9 @@
 Each check gives one line ``PASS|WARN|FAIL|INFO <check>: <detail>``; the command exits 1 if any
 check FAILs. The checks (the verdicts are pure functions, tested without a server):
 
+- **setting names**: every ``zklock_*`` key of ``app.conf`` and ``ZKLOCK_*`` variable of the
+  environment is a setting celery-zklock reads; WARN for each that is not (a typo, otherwise
+  ignored), naming the setting it most likely means (:mod:`celery_zklock.zk.known`).
 - **settings**: ``zklock_*`` (and ``ZKLOCK_*``) parse.
 - **connect**: a client with those settings (hosts, TLS, auth, SASL) connects.
 - **session timeout**: the one the server negotiated against the requested one. FAIL when the
@@ -41,7 +44,7 @@ from kazoo.security import ACL
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
-from celery_zklock.zk import adapter
+from celery_zklock.zk import adapter, known
 from celery_zklock.zk.calls import Deadline, wait_result
 from celery_zklock.zk.settings import (
     CREATOR_ACL,
@@ -76,6 +79,22 @@ def failed(checks: Sequence[Check]) -> bool:
 
 
 # -- verdicts (pure) ---------------------------------------------------------------------------
+
+
+def setting_name_checks(
+    conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> list[Check]:
+    """A WARN line for each name of ``conf`` and ``environ`` (default: ``os.environ``) that
+    looks like a celery-zklock setting and is none, with the one it most likely means; else one
+    PASS line. Those named here count as told (:func:`celery_zklock.zk.known.note_said`): reading
+    the settings afterwards does not log them a second time."""
+    unknowns = known.unknown_settings(conf, environ)
+    known.note_said(unknowns)
+    if not unknowns:
+        return [
+            Check("PASS", "setting names", "every zklock_* setting set is one celery-zklock reads")
+        ]
+    return [Check("WARN", "setting names", unknown.describe()) for unknown in unknowns]
 
 
 def session_timeout_check(requested: float, negotiated: float | None) -> Check:
