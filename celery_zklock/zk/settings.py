@@ -38,6 +38,8 @@ DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
 """``zklock_beat_scheduler``: the scheduler class the elected beat runs."""
 DEFAULT_METRICS_ADDR: Final = "0.0.0.0"
 """``zklock_metrics_addr``: the address the metrics endpoint binds."""
+DEFAULT_DEDUPE_TIMEOUT: Final = 3.0
+"""``zklock_dedupe_timeout``: seconds a deduplicated ``apply_async`` waits for ZooKeeper."""
 CREATOR_ACL: tuple[ACL, ...] = (*CREATOR_ALL_ACL, *READ_ACL_UNSAFE)
 """``zklock_acl="creator"``: the authenticated identity that created a node may do anything
 with it; anyone may read it (operators see who holds what)."""
@@ -328,10 +330,12 @@ def _acl(conf: Mapping[str, Any]) -> tuple[ACL, ...]:
 
 @dataclass(frozen=True)
 class Settings:
-    """An app's celery-zklock settings, read once: the lock root and the client config."""
+    """An app's celery-zklock settings, read once: the lock root, the client config and how
+    long a deduplicated ``apply_async`` waits for ZooKeeper (``zklock_dedupe_timeout``)."""
 
     root: str
     client: ClientConfig
+    dedupe_timeout: float = DEFAULT_DEDUPE_TIMEOUT
 
 
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
@@ -349,7 +353,12 @@ def settings_of(app: Any) -> Settings:
         settings = _settings.get(app)
     if settings is None:
         handler = "gevent" if _gevent_patched() else "threading"
-        settings = Settings(lock_root(app.conf), client_config(app.conf, handler=handler))
+        dedupe = setting(app.conf, "zklock_dedupe_timeout", DEFAULT_DEDUPE_TIMEOUT)
+        settings = Settings(
+            lock_root(app.conf),
+            client_config(app.conf, handler=handler),
+            seconds("zklock_dedupe_timeout", dedupe, text=True),
+        )
         with _settings_lock:
             _settings[app] = settings
     return settings
@@ -369,6 +378,8 @@ def _gevent_patched() -> bool:
     return bool(monkey.is_module_patched("socket"))
 
 
+DEFAULT_OUTAGE_BUDGET: Final = 600.0
+"""``zklock_outage_budget``: seconds a locked call rides an unreachable ZooKeeper out."""
 DEFAULT_GATE_MAX_HELD: Final = 1000
 """``zklock_gate_max_held``: messages a worker's gate holds while it keeps fetching more."""
 DEFAULT_BROKER_TIMEOUT: Final = {"redis": 3600.0, "amqp": 1800.0}
@@ -385,11 +396,16 @@ class GateConfig:
     raises the worker's prefetch, so the worker stops fetching rather than grow without bound)
     and ``max_hold``: the longest a message is held before it goes to the pool whatever its
     ``lock_timeout`` (``zklock_gate_max_hold``; default 80% of the broker's redelivery timeout,
-    so that a held message is never handed out again while it waits)."""
+    so that a held message is never handed out again while it waits); ``outage_budget``, how
+    long a locked call rides an unreachable ZooKeeper out before ``lock_on_unavailable``
+    applies: ``zklock_outage_budget`` (default 600 s, ``asked_outage_budget``), at most
+    ``max_hold`` (a held message goes back to the broker then)."""
 
     enabled: bool
     max_held: int
     max_hold: float
+    outage_budget: float = 600.0
+    asked_outage_budget: float = 600.0
 
 
 def gate_config(conf: Mapping[str, Any]) -> GateConfig:
@@ -408,7 +424,10 @@ def gate_config(conf: Mapping[str, Any]) -> GateConfig:
         max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
     else:
         max_hold = 0.8 * broker_redelivery_timeout(conf)
-    return GateConfig(_flag(conf, "zklock_gate", True), max_held, max_hold)
+    budget = setting(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
+    budget = seconds("zklock_outage_budget", budget, text=True)
+    enabled = _flag(conf, "zklock_gate", True)
+    return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)
 
 
 def broker_redelivery_timeout(conf: Mapping[str, Any]) -> float:
