@@ -378,6 +378,8 @@ def _gevent_patched() -> bool:
     return bool(monkey.is_module_patched("socket"))
 
 
+DEFAULT_OUTAGE_BUDGET: Final = 600.0
+"""``zklock_outage_budget``: seconds a locked call rides an unreachable ZooKeeper out."""
 DEFAULT_GATE_MAX_HELD: Final = 1000
 """``zklock_gate_max_held``: messages a worker's gate holds while it keeps fetching more."""
 DEFAULT_BROKER_TIMEOUT: Final = {"redis": 3600.0, "amqp": 1800.0}
@@ -394,11 +396,16 @@ class GateConfig:
     raises the worker's prefetch, so the worker stops fetching rather than grow without bound)
     and ``max_hold``: the longest a message is held before it goes to the pool whatever its
     ``lock_timeout`` (``zklock_gate_max_hold``; default 80% of the broker's redelivery timeout,
-    so that a held message is never handed out again while it waits)."""
+    so that a held message is never handed out again while it waits); ``outage_budget``, how
+    long a locked call rides an unreachable ZooKeeper out before ``lock_on_unavailable``
+    applies: ``zklock_outage_budget`` (default 600 s, ``asked_outage_budget``), at most
+    ``max_hold`` (a held message goes back to the broker then)."""
 
     enabled: bool
     max_held: int
     max_hold: float
+    outage_budget: float = 600.0
+    asked_outage_budget: float = 600.0
 
 
 def gate_config(conf: Mapping[str, Any]) -> GateConfig:
@@ -417,7 +424,10 @@ def gate_config(conf: Mapping[str, Any]) -> GateConfig:
         max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
     else:
         max_hold = 0.8 * broker_redelivery_timeout(conf)
-    return GateConfig(_flag(conf, "zklock_gate", True), max_held, max_hold)
+    budget = setting(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
+    budget = seconds("zklock_outage_budget", budget, text=True)
+    enabled = _flag(conf, "zklock_gate", True)
+    return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)
 
 
 def broker_redelivery_timeout(conf: Mapping[str, Any]) -> float:
