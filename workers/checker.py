@@ -118,6 +118,17 @@ class FaultImpact:
     killed_sections: int
     revoked_overlaps: int
     refused_writes: int
+    failures: Mapping[str, int] = field(default_factory=dict)
+    """Tasks whose FAILURE (or REVOKED) was stored in that window, by exception type as in
+    ``failure_reasons``: what ended on the fault's account, e.g. ``ZooKeeperUnavailable`` after
+    a ``quorum_loss`` (known only with the results' ``done_at``)."""
+
+    def failures_text(self) -> str:
+        """``, tasks failed: ZooKeeperUnavailable x2, LockLost x1`` (empty when none did)."""
+        if not self.failures:
+            return ""
+        ordered = sorted(self.failures.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", tasks failed: " + ", ".join(f"{kind} x{n}" for kind, n in ordered)
 
 
 @dataclass(frozen=True)
@@ -627,7 +638,7 @@ def check_run(
         failure_reasons=dict(tally.failure_reasons),
         failure_examples=tally.failure_examples,
         faults_by_kind=_count_faults(faults),
-        fault_impacts=_fault_impacts(faults, replay, overlaps, events),
+        fault_impacts=_fault_impacts(faults, replay, overlaps, events, tally.failed_at(done)),
         faults_not_run=tuple(sorted((f for f in faults if not f.ran), key=lambda f: f.time)),
         overlaps=overlaps,
         stale_writes=tuple(replay.stale),
@@ -688,6 +699,16 @@ class _Tally:
     lost: list[str] = field(default_factory=list)
     failure_reasons: Counter[str] = field(default_factory=Counter)
     failure_examples: dict[str, str] = field(default_factory=dict)
+    failure_kinds: dict[str, str] = field(default_factory=dict)
+    """Task id -> its failure's kind, for the failed tasks."""
+
+    def failed_at(self, done_at: Mapping[str, float]) -> list[tuple[float, str]]:
+        """(when its result was stored, failure kind) of each failed task whose time is known."""
+        return sorted(
+            (done_at[task_id], kind)
+            for task_id, kind in self.failure_kinds.items()
+            if task_id in done_at
+        )
 
 
 def _tally(submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome]) -> _Tally:
@@ -708,6 +729,7 @@ def _tally(submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome]) 
                 kind = PREEMPTED_FAILURE
             tally.failure_reasons[kind] += 1
             tally.failure_examples.setdefault(kind, reason)
+            tally.failure_kinds[task_id] = kind
     return tally
 
 
@@ -724,6 +746,7 @@ def _fault_impacts(
     replay: _Replay,
     overlaps: Sequence[SectionOverlap],
     events: Sequence[SectionEvent],
+    failed_at: Sequence[tuple[float, str]] = (),
 ) -> tuple[FaultImpact, ...]:
     ordered = sorted((f for f in faults if f.ran), key=lambda f: f.time)
     overlap_times = [events[o.position].time for o in overlaps if o.revoked]
@@ -737,6 +760,7 @@ def _fault_impacts(
                 killed_sections=sum(n for t, n in replay.kill_times if fault.time <= t < until),
                 revoked_overlaps=_count_between(overlap_times, fault.time, until),
                 refused_writes=_count_between(replay.refused_times, fault.time, until),
+                failures=dict(Counter(kind for t, kind in failed_at if fault.time <= t < until)),
             )
         )
     return tuple(impacts)
@@ -875,6 +899,7 @@ def _fault_lines(r: RunReport) -> list[str]:
             f"  {f.kind} {f.target}: {f.detail}; until the next fault: "
             f"{impact.lost_sections} sections lost their lock, {impact.killed_sections} killed, "
             f"{impact.revoked_overlaps} revoked overlaps, {impact.refused_writes} writes refused"
+            + impact.failures_text()
         )
     for fault in r.faults_not_run:
         lines.append(f"  {fault.kind} NOT RUN: {fault.detail}")

@@ -14,6 +14,9 @@ same records, with the fault made by Docker:
   then ``docker network connect``.
 - ``leader``: ``docker kill`` of the ZooKeeper leader's container, then ``docker start`` once
   another node leads.
+- ``quorum_loss``: ``docker kill`` of the ZooKeeper leader's container and another node's, so
+  the third stops serving; ``docker start`` of both after the session timeout plus
+  :data:`~workers.faults.QUORUM_LOSS_MARGIN` seconds, and the fault is over once a node leads.
 - ``broker_restart``: ``docker kill`` and ``docker start`` of the broker's container (its
   append-only file, fsync always, keeps every message).
 - ``expire`` works as in every run (through ZooKeeper). ``blackhole`` and ``follower_partition``
@@ -34,6 +37,8 @@ import redis
 from celery_zklock.testing.zookeeper import four_letter_word
 from workers.compose import WORKER_SERVICE, ZOO_SERVICES, ComposeProject, Container, docker
 from workers.faults import (
+    NOT_RECONNECTED,
+    QUORUM_LOSS_MARGIN,
     FaultEnvironment,
     FaultInjector,
     _NotRun,
@@ -45,7 +50,15 @@ from workers.record import FaultRecord
 
 __all__ = ["DOCKER_FAULT_KINDS", "DockerFaultInjector"]
 
-DOCKER_FAULT_KINDS: Final = ("kill", "pause", "partition", "leader", "broker_restart", "expire")
+DOCKER_FAULT_KINDS: Final = (
+    "kill",
+    "pause",
+    "partition",
+    "leader",
+    "quorum_loss",
+    "broker_restart",
+    "expire",
+)
 """The kinds a compose run injects; the others are recorded as not run."""
 COORDINATION_NETWORK: Final = "coordination"
 SERVE_TIMEOUT: Final = 60.0
@@ -203,6 +216,51 @@ class DockerFaultInjector(FaultInjector):
         return FaultRecord(
             "leader", killed_at, f"ZooKeeper {leader} ({container.name})", True, detail
         )
+
+    def _quorum_loss(self) -> FaultRecord:
+        self._under_load()
+        leader = self._zoo_leader(timeout=SERVE_TIMEOUT)
+        if leader is None:
+            raise _NotRun(f"no ZooKeeper node led within {SERVE_TIMEOUT:g} s")
+        followers = [service for service in ZOO_SERVICES if service != leader]
+        down = [leader, self._rng.choice(followers)]
+        (left,) = (service for service in followers if service not in down)
+        containers = [self.compose.container(service) for service in down]
+        outage = self.env.session_timeout + QUORUM_LOSS_MARGIN
+        killed_at = time.time()
+        started = time.monotonic()
+
+        ids = [container.id for container in containers]
+
+        def restart() -> None:
+            docker("start", *ids, check=False)
+
+        with self._undo_on_exit(restart):
+            docker("kill", *ids)  # one command: both go at once, no election between
+            served = _wait_for(lambda: self._zoo_mode(left) is None, outage, 0.1)
+            no_quorum = time.monotonic() - started
+            self._stop.wait(max(0.0, outage - no_quorum))
+            kept_down = time.monotonic() - started
+        successor = self._zoo_leader(timeout=SERVE_TIMEOUT)
+        if successor is None:
+            raise _NotRun(f"no ZooKeeper node led {SERVE_TIMEOUT:g} s after docker start")
+        back = time.monotonic() - started
+        ended = time.time()
+        reconnected = self._wait_reconnected()
+        stopped = (
+            f"{left} stopped serving after {no_quorum:.2f} s"
+            if served
+            else f"{left} still served {no_quorum:.1f} s after"
+        )
+        detail = (
+            f"docker kill of the leader's container and another node's; {stopped} (no "
+            f"quorum); kept down {kept_down:.1f} s (session timeout "
+            f"{self.env.session_timeout:g} s + {QUORUM_LOSS_MARGIN:g} s), then docker start; "
+            f"{successor} led {back - kept_down:.2f} s later, {back:.1f} s after the kill"
+            + ("" if reconnected else "; " + NOT_RECONNECTED)
+        )
+        described = f"ZooKeeper {' and '.join(down)} ({', '.join(c.name for c in containers)})"
+        return FaultRecord("quorum_loss", killed_at, described, True, detail, ended)
 
     def _zoo_mode(self, service: str) -> str | None:
         """``leader``/``follower`` as ``service`` answers ``srvr``, or None."""

@@ -84,6 +84,12 @@ PLANTED_HELD: Final = 2
 """Waiters ``kill_held`` plants behind its planted holder, for the gate to hold."""
 GATE_REPLY_TIMEOUT: Final = 1.0
 """Seconds to wait for the workers' gates to say what they hold (``zklock_held``)."""
+QUORUM_LOSS_MARGIN: Final = 3.0
+"""Seconds past the session timeout that ``quorum_loss`` keeps a majority of members down."""
+NOT_RECONNECTED: Final = "the injector's own client was still not reconnected"
+INJECTOR_RECONNECT_DELAY: Final = 1.0
+"""Longest pause between the injector's own client's attempts to reconnect (kazoo's default
+backoff grows to an hour: after a quorum loss the next fault would find it still away)."""
 
 # ------------------------------------------------------------------------------------ plans
 
@@ -504,7 +510,11 @@ class FaultInjector:
     # -- ZooKeeper from here ------------------------------------------------------------
     def _client(self) -> KazooClient:
         if self._zk is None:
-            client = KazooClient(hosts=self.env.zk_hosts, logger=quiet_kazoo_logger())
+            client = KazooClient(
+                hosts=self.env.zk_hosts,
+                logger=quiet_kazoo_logger(),
+                connection_retry={"max_delay": INJECTOR_RECONNECT_DELAY, "max_tries": -1},
+            )
             client.start(timeout=15)
             self._zk = client
         return self._zk
@@ -869,6 +879,64 @@ class FaultInjector:
             f"restarted and serving after {back:.2f} s"
         )
         return FaultRecord("leader", killed_at, f"ZooKeeper node {myid} (pid {pid})", True, detail)
+
+    def _quorum_loss(self) -> FaultRecord:
+        """SIGKILL of a majority of the ensemble (the leader and as many followers as it takes:
+        2 of 3), under load: the members left stop serving (no quorum), which the detail says
+        with when, until the killed ones are restarted on their ports and data after the
+        session timeout plus :data:`QUORUM_LOSS_MARGIN` seconds. Over once a leader serves
+        again (``ended``) and this injector's own client is connected again. Nothing is recorded
+        as a forced loss: every holder was cut off past its session timeout and must know."""
+        ensemble = self._local_ensemble()
+        self._under_load()
+        leader = ensemble.leader(timeout=30)
+        followers = [node.myid for node in ensemble.nodes if node.myid != leader]
+        down = [leader, *sorted(self._rng.sample(followers, ensemble.size // 2))]
+        left = [myid for myid in followers if myid not in down]
+        described = f"ZooKeeper members {_members(ensemble, down)} of {ensemble.size}"
+        holding = len(self._sections.refresh())
+        outage = self.env.session_timeout + QUORUM_LOSS_MARGIN
+        killed_at = time.time()
+        started = time.monotonic()
+        with self._undo_on_exit(lambda: _restart_nodes(ensemble, down)):
+            for myid in down:  # signalled together: no election between the two deaths
+                ensemble.node(myid).send_signal(signal.SIGKILL)
+            for myid in down:
+                if not ensemble.node(myid).wait(10.0):
+                    raise _NotRun(f"ZooKeeper member {myid} still ran 10 s after SIGKILL")
+            served = _wait_for(
+                lambda: all(ensemble.node(m).mode() is None for m in left), outage, 0.05
+            )
+            no_quorum = time.monotonic() - started
+            self._stop.wait(max(0.0, outage - no_quorum))
+            kept_down = time.monotonic() - started
+        successor = ensemble.leader(timeout=30)
+        ensemble.wait_serving(timeout=30)
+        back = time.monotonic() - started
+        ended = time.time()
+        reconnected = self._wait_reconnected()
+        rest = f"member{'s' if len(left) > 1 else ''} {', '.join(map(str, left))}"
+        stopped = (
+            f"{rest} stopped serving after {no_quorum:.2f} s"
+            if served
+            else f"{rest} still served {no_quorum:.1f} s after"
+        )
+        detail = (
+            f"SIGKILL of {len(down)} of {ensemble.size} members, the leader {leader} among "
+            f"them, with {holding} sections open; {stopped} (no quorum); kept down "
+            f"{kept_down:.1f} s (session timeout {self.env.session_timeout:g} s + "
+            f"{QUORUM_LOSS_MARGIN:g} s), then restarted on the same ports and data; node "
+            f"{successor} led {back - kept_down:.2f} s later, {back:.1f} s after the kill"
+            + ("" if reconnected else "; " + NOT_RECONNECTED)
+        )
+        return FaultRecord("quorum_loss", killed_at, described, True, detail, ended)
+
+    def _wait_reconnected(self) -> bool:
+        """Wait until this injector's own client is connected again (after ZooKeeper was away,
+        for the next fault's look-ups); False if it was not within a bound."""
+        return _wait_for(
+            lambda: self._client().connected, 2 * self.env.session_timeout + 10.0, 0.05
+        )
 
     def _partition(self) -> FaultRecord:
         fleet = self._local_fleet()
@@ -1312,6 +1380,18 @@ def _heal_member(ensemble: ZooKeeperEnsemble, myid: int) -> None:
 def _restart_node(ensemble: ZooKeeperEnsemble, myid: int) -> None:
     if not ensemble.node(myid).is_running():
         ensemble.restart(myid, timeout=30)
+
+
+def _restart_nodes(ensemble: ZooKeeperEnsemble, myids: Sequence[int]) -> None:
+    """Restart those of ``myids`` that are down, one after the other: the first one back
+    forms a quorum with the members left."""
+    for myid in myids:
+        _restart_node(ensemble, myid)
+
+
+def _members(ensemble: ZooKeeperEnsemble, myids: Sequence[int]) -> str:
+    """``1 (pid 41), 3 (pid 43)``."""
+    return ", ".join(f"{myid} (pid {ensemble.node(myid).pid})" for myid in myids)
 
 
 def describe_plan(plan: Mapping[str, int]) -> str:

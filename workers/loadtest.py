@@ -103,7 +103,7 @@ RESERVE_HOLD_MS: Final = 2000
 """Least hold of a reserve task sent while faults are due: with the usual few hundred ms the
 reserve was spent in a couple of seconds, and the last faults of a slow run found no holder."""
 DEFAULT_SYNC_LIMIT: Final = 5
-# Rough seconds one fault takes (plus the session timeout for the ones that wait for an expiry),
+# Rough seconds one fault takes (plus the session timeout for the ones that outlast one),
 # to size the default duration of a run with faults.
 FAULT_SECONDS: Final[Mapping[str, float]] = {
     "kill": 3.0,
@@ -116,9 +116,10 @@ FAULT_SECONDS: Final[Mapping[str, float]] = {
     "follower_partition": 5.0,
     "stall_before_write": 3.0,
     "kill_held": 6.0,
+    "quorum_loss": 6.0,
 }
 WAITS_FOR_EXPIRY: Final = frozenset(
-    {"pause", "partition", "blackhole", "follower_partition", "stall_before_write"}
+    {"pause", "partition", "blackhole", "follower_partition", "stall_before_write", "quorum_loss"}
 )
 NETNS_FAULTS: Final = frozenset({"partition", "blackhole"})
 BROKER_KINDS: Final = ("redis", "amqp")

@@ -47,6 +47,7 @@ FAULT_KINDS: Final = (
     "follower_partition",
     "stall_before_write",
     "kill_held",
+    "quorum_loss",
 )
 FAULT_ALIASES: Final[Mapping[str, str]] = {"redis_restart": "broker_restart"}
 """Former names of fault kinds, still accepted in a plan (``--faults``)."""
@@ -287,7 +288,8 @@ class FaultRecord:
     ``target`` what it acted on (a worker, a ZooKeeper node, Redis); ``ran`` whether the fault
     really happened (False: it could not be injected, ``detail`` says why); ``detail`` free text.
     ``ended``: the same clock when the fault was over, for a ``broker_restart`` once the broker
-    served again (None when not recorded, and in records made before it existed).
+    served again, for a ``quorum_loss`` once a leader served again (None when not recorded, and
+    in records made before it existed).
     """
 
     kind: str

@@ -566,6 +566,7 @@ def _fault_table(
         effect = (
             f"{impact.lost_sections} lost lock, {impact.killed_sections} killed, "
             f"{impact.revoked_overlaps} revoked overlaps, {impact.refused_writes} writes refused"
+            + impact.failures_text()
             if impact is not None
             else ""
         )

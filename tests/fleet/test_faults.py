@@ -4,6 +4,7 @@ real `celery worker` processes on a real ZooKeeper and two real Redis servers.""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 import redis
 from celery import Celery
 from celery.utils import worker_direct
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 
 from celery_zklock import is_skipped
 from celery_zklock.locks.rate import ADMISSION_PREFIX, RATE_NODE
@@ -30,6 +31,7 @@ from workers.app import create_app
 from workers.chatter import start_chatter, stop_chatter
 from workers.checker import RunReport, TaskOutcome, check_run
 from workers.faults import (
+    QUORUM_LOSS_MARGIN,
     UNAVAILABLE,
     FaultEnvironment,
     FaultInjector,
@@ -786,6 +788,55 @@ def test_leader_kill_elects_another_and_restarts_the_old_one(
     assert all(node.mode() in ("leader", "follower") for node in zk_ensemble.nodes)
 
 
+@pytest.mark.ensemble
+@pytest.mark.fault  # a real-time outage of 4 s, about 9 s in all
+def test_quorum_loss_stops_two_members_past_the_session_timeout_then_a_leader_serves_again(
+    zk_ensemble: ZooKeeperEnsemble, redis_url: str
+) -> None:
+    records = redis.Redis.from_url(redis_url)
+    old = zk_ensemble.leader()
+    session_timeout = 1.0  # the outage lasts it plus the margin: 4 s
+    # Its own session outlasts the outage: it sees the connection go and come back.
+    observer = KazooClient(
+        hosts=zk_ensemble.hosts, timeout=30.0, connection_retry={"max_delay": 0.5, "max_tries": -1}
+    )
+    states: list[str] = []
+    observer.add_listener(states.append)
+    observer.start(timeout=15)
+    env = FaultEnvironment(
+        run_id=uuid.uuid4().hex[:10],
+        records=records,
+        zk_hosts=zk_ensemble.hosts,
+        session_timeout=session_timeout,
+        zookeeper=zk_ensemble,
+    )
+    injector = FaultInjector(env, {}, target_timeout=0.1)  # no load to wait for here
+    try:
+        started = time.time()
+        record = injector.inject("quorum_loss")
+        # The fault is over once a leader serves: a write goes through at once.
+        observer.create_async("/quorum-loss-", ephemeral=True, sequence=True).get(timeout=5)
+    finally:
+        injector.close()
+        records.close()
+        observer.stop()
+        observer.close()
+    assert record.ran, record.detail
+    down = [int(m) for m in re.findall(r"(\d+) \(pid \d+\)", record.target)]
+    assert len(down) == 2 and old in down, record.target
+    (left,) = {1, 2, 3} - set(down)
+    # The member left stopped serving: no quorum, not merely a leader change.
+    assert re.search(rf"member {left} stopped serving after [\d.]+ s \(no quorum\)", record.detail)
+    kept = float(re.search(r"kept down ([\d.]+) s", record.detail)[1])  # type: ignore[index]
+    assert kept >= session_timeout + QUORUM_LOSS_MARGIN, record.detail
+    assert record.ended is not None and record.ended - started >= kept, record
+    # Every client lost its connection, and came back.
+    assert KazooState.SUSPENDED in states, states
+    assert KazooState.CONNECTED in states[states.index(KazooState.SUSPENDED) :], states
+    modes = [node.mode() for node in zk_ensemble.nodes]
+    assert sorted(modes, key=str) == ["follower", "follower", "leader"], modes
+
+
 def test_faults_that_need_local_processes_are_recorded_as_not_run(
     zk_hosts: str, redis_url: str
 ) -> None:
@@ -813,6 +864,7 @@ def test_faults_that_need_local_processes_are_recorded_as_not_run(
     assert "external run" in outcomes["blackhole"].detail
     assert "ensemble" in outcomes["leader"].detail
     assert "ensemble" in outcomes["follower_partition"].detail
+    assert "ensemble" in outcomes["quorum_loss"].detail
     # No holder in time may pass: tried once more, and the record says why both did not count.
     assert not expire.ran and "was not inside a section" in expire.detail
     assert "(second try; the first: a worker was not inside a section" in expire.detail

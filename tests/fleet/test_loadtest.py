@@ -2,7 +2,8 @@
 quick one without faults, the hot-key scenario with the gate on and off, and a CI-sized one
 with every fault kind three times over a 3-node ensemble with prefork and threads workers
 (blackhole and follower_partition included: the lease-safety faults of issue 10; kill_held, a
-worker killed while its gate holds messages, issue 33), in the hot-key scenario."""
+worker killed while its gate holds messages, issue 33; quorum_loss, 2 of the 3 members down past
+the session timeout, issue 44), in the hot-key scenario."""
 
 from __future__ import annotations
 
@@ -250,7 +251,7 @@ def test_every_fault_three_times_over_an_ensemble(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = LoadConfig(
-        # Enough work for 30 faults 0.5 s apart on a loaded machine.
+        # Enough work for 33 faults 0.5 s apart on a loaded machine.
         tasks=300,
         # A hot key (30% of the sections wait on it, holding 2 s: busy most of the run) among
         # unrelated tasks: the gates hold messages for kill_held to aim at.

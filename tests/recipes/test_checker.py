@@ -725,6 +725,38 @@ def test_faults_are_counted_by_kind_and_tied_to_what_followed() -> None:
     assert report.to_json()["faults_not_run"][0]["detail"] == "no leader found"
 
 
+def test_each_fault_says_which_tasks_failed_until_the_next_one() -> None:
+    faults = [
+        FaultRecord("quorum_loss", 10.0, "ZooKeeper members 1, 2 of 3", True, "kept down 7 s"),
+        FaultRecord("kill", 30.0, "w1 pid 42", True, "SIGKILL"),
+    ]
+    failed = {
+        "u1": TaskOutcome("u1", "FAILURE", reason="ZooKeeperUnavailable: no connection"),
+        "u2": TaskOutcome("u2", "FAILURE", reason="ZooKeeperUnavailable: no connection"),
+        "t1": TaskOutcome("t1", "FAILURE", reason="LockTimeout: 12 s"),
+        "early": TaskOutcome("early", "FAILURE", reason="LockTimeout: 12 s"),
+        "ok": TaskOutcome("ok", "SUCCESS"),
+    }
+    report = check_run(
+        submitted=dict.fromkeys(failed, 0.0),
+        outcomes=failed,
+        events=[],
+        faults=faults,
+        leftover_nodes=0,
+        unrelated=set(failed),
+        done_at={"u1": 12.0, "u2": 29.9, "t1": 31.0, "early": 5.0, "ok": 11.0},
+    )
+    quorum, kill = report.fault_impacts
+    assert quorum.failures == {"ZooKeeperUnavailable": 2}
+    assert kill.failures == {"LockTimeout": 1}  # the one before any fault is no fault's
+    assert report.lost == 0 and report.failed == 4  # failed, not lost: the verdict is unchanged
+    text = "\n".join(report.summary_lines())
+    assert "writes refused, tasks failed: ZooKeeperUnavailable x2" in text, text
+    assert report.to_json()["fault_impacts"][0]["failures"] == {"ZooKeeperUnavailable": 2}
+    # Without the results' times no failure is placed.
+    assert check(events=[], outcomes=failed, faults=faults).fault_impacts[0].failures == {}
+
+
 def test_the_json_form_is_json_safe_and_complete() -> None:
     report = check(
         [*section("a", 1), ev("enter", "b", token=2), ev("enter", "c", token=3)],
@@ -808,6 +840,7 @@ def test_records_reject_what_they_cannot_mean() -> None:
         "follower_partition",
         "stall_before_write",
         "kill_held",
+        "quorum_loss",
     }
     with pytest.raises(ValueError, match="forced loss"):
         SectionRecorder(None, "r").record_forced_loss("killed", HOST, 1, 0.0)
