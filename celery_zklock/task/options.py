@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_ON_BUSY",
     "DEFAULT_ON_LOST",
     "DEFAULT_ON_TIMEOUT",
+    "DEFAULT_ON_UNAVAILABLE",
     "DEFAULT_RETRY_COUNTDOWN",
     "DEFAULT_TIMEOUT",
     "LOCK_MODES",
@@ -46,6 +47,7 @@ __all__ = [
     "ON_BUSY_POLICIES",
     "ON_LOST_POLICIES",
     "ON_TIMEOUT_POLICIES",
+    "ON_UNAVAILABLE_POLICIES",
     "OPTIONS",
     "TASK_ATTRIBUTES",
     "Dedupe",
@@ -56,6 +58,7 @@ __all__ = [
     "OnBusy",
     "OnLost",
     "OnTimeout",
+    "OnUnavailable",
     "OptionRule",
     "RedeliveryWarning",
     "TaskLockSpec",
@@ -71,6 +74,7 @@ LockMode = Literal["exclusive", "shared", "semaphore"]
 OnBusy = Literal["skip", "wait", "retry", "raise", "preempt"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
+OnUnavailable = Literal["wait", "retry", "raise"]
 Dedupe = Literal["queued", "running"]
 DedupeUnavailable = Literal["raise", "send"]
 
@@ -78,6 +82,7 @@ LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
 ON_BUSY_POLICIES: Final[tuple[OnBusy, ...]] = get_args(OnBusy)
 ON_TIMEOUT_POLICIES: Final[tuple[OnTimeout, ...]] = get_args(OnTimeout)
 ON_LOST_POLICIES: Final[tuple[OnLost, ...]] = get_args(OnLost)
+ON_UNAVAILABLE_POLICIES: Final[tuple[OnUnavailable, ...]] = get_args(OnUnavailable)
 DEDUPE_MODES: Final[tuple[Dedupe, ...]] = get_args(Dedupe)
 DEDUPE_UNAVAILABLE_POLICIES: Final[tuple[DedupeUnavailable, ...]] = get_args(DedupeUnavailable)
 
@@ -86,6 +91,7 @@ DEFAULT_ON_BUSY: Final[OnBusy] = "wait"
 DEFAULT_TIMEOUT: Final[float] = 60.0
 DEFAULT_ON_TIMEOUT: Final[OnTimeout] = "raise"
 DEFAULT_ON_LOST: Final[OnLost] = "raise"
+DEFAULT_ON_UNAVAILABLE: Final[OnUnavailable] = "wait"
 DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
 DEFAULT_DEDUPE_TTL: Final[float] = 3600.0
 DEFAULT_DEDUPE_UNAVAILABLE: Final[DedupeUnavailable] = "raise"
@@ -131,6 +137,7 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "timeout": OptionRule(True, lambda n, label, v: _timeout(n.context, label, v)),
         "on_timeout": OptionRule(True, _choice_of(ON_TIMEOUT_POLICIES)),
         "on_lost": OptionRule(True, _choice_of(ON_LOST_POLICIES)),
+        "on_unavailable": OptionRule(True, _choice_of(ON_UNAVAILABLE_POLICIES)),
         "retry_countdown": OptionRule(True, lambda n, label, v: _seconds(n.context, label, v)),
         "dedupe": OptionRule(True, lambda n, label, v: _dedupe(n.context, label, v)),
         "dedupe_raise": OptionRule(True, lambda n, label, v: _flag(n.context, label, v)),
@@ -218,6 +225,13 @@ class LockOptions:
     on_lost: OnLost = DEFAULT_ON_LOST
     """``lock_on_lost``, when the lock is lost while the body runs: ``raise`` (fail with
     ``LockLost``) or ``retry`` (retry after ``retry_countdown``)."""
+
+    on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
+    """``lock_on_unavailable``, when ZooKeeper cannot be reached: ``wait`` (ride the outage
+    out at a worker's gate, without a pool slot, up to ``zklock_outage_budget``; then
+    ``retry``: see :mod:`celery_zklock.task.outage`), ``retry`` (``self.retry`` with
+    ``ZooKeeperUnavailable`` after ``retry_countdown``) or ``raise``. Called directly or
+    eagerly, every policy raises."""
 
     retry_countdown: float = DEFAULT_RETRY_COUNTDOWN
     """``lock_retry_countdown``: seconds before a ``retry`` policy's new attempt, ``>= 0``."""

@@ -13,15 +13,17 @@ superseded    (none)          skip: a ``preempt`` call met a newer call of its t
                               lock's queue (see :mod:`celery_zklock.task.generation`)
 timeout       lock_on_timeout skip, retry (LockTimeout), raise (LockTimeout)
 lost          lock_on_lost    retry (LockLost), raise (LockLost)
-unavailable   (none)          retry (ZooKeeperUnavailable); raise outside a worker
+unavailable   lock_on_        wait (ride the outage out at a gate, then retry: see
+              unavailable     :mod:`celery_zklock.task.outage`), retry (ZooKeeperUnavailable),
+                              raise (ZooKeeperUnavailable); raise outside a worker
 ============  ==============  =======================================================
 
 ``skip`` ends the task SUCCESS with a JSON-safe result for which :func:`is_skipped` is true
 (chords and groups keep counting; what a chain or a chord's body then gets:
 :mod:`celery_zklock.task.canvas`); ``wait`` blocks up to ``lock_timeout``; ``retry`` is
 Celery's ``self.retry`` (``max_retries`` applies) carrying the error; ``raise`` fails the task
-with it. ZooKeeper being unreachable is never taken for a busy lock or a timeout: it retries in a
-worker, and raises when the task is called directly or eagerly.
+with it. ZooKeeper being unreachable is never taken for a busy lock or a timeout: in a worker
+its policy applies, and it raises when the task is called directly or eagerly.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ TABLE: Final[Mapping[tuple[Situation, str], Verdict]] = MappingProxyType(
         ("lost", "retry"): Verdict("retry", LockLost),
         ("lost", "raise"): Verdict("raise", LockLost),
         ("unavailable", "retry"): Verdict("retry", ZooKeeperUnavailable),
+        ("unavailable", "raise"): Verdict("raise", ZooKeeperUnavailable),
     }
 )
 """(situation, policy) -> verdict, for every policy a situation accepts."""

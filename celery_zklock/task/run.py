@@ -37,7 +37,7 @@ from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
-from celery_zklock.task import canvas, delivery, visibility
+from celery_zklock.task import canvas, delivery, outage, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
 from celery_zklock.task.generation import is_newer
@@ -53,7 +53,7 @@ from celery_zklock.task.options import (
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import broker_redelivery_timeout, settings_of
+from celery_zklock.zk.settings import broker_redelivery_timeout, gate_config, settings_of
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
@@ -62,6 +62,9 @@ PREEMPTED: Final = "preempted by a newer call (lock_on_busy='preempt')"
 """The reason a preempted holder's ``LockLost`` gives, after the preempting task's name."""
 LOST_TELL_WAIT: Final = 5.0
 """Longest wait, at the end of an interrupted body, for the ``lost`` event to be told."""
+CONNECTED_PATIENCE: Final = 1.0
+"""Seconds a run waits for its process's client to connect again before ZooKeeper counts as
+unreachable (the client reconnects within about a second of ZooKeeper answering)."""
 MAX_LOOKS: Final = 3
 """Try-locks a busy run makes while the holder keeps going before it can be named."""
 
@@ -122,6 +125,9 @@ class LockedRun:
             raise
         except delivery.DuplicateDelivery:
             keep_marker = True  # the marker names this task id, but the original's run owns it
+            raise
+        except outage.SentBack:
+            keep_marker = True  # the message sent back carries this task id: the marker is its
             raise
         finally:
             if dedupe == "running" and not keep_marker:
@@ -207,13 +213,25 @@ class LockedRun:
         raise error from cause
 
     def _unavailable(self, message: str, cause: BaseException) -> NoReturn:
-        self._apply("unavailable", "retry", f"task {self.task.name!r}: {message}", cause=cause)
+        """ZooKeeper cannot be reached: with ``lock_on_unavailable="wait"`` in a worker, and the
+        outage budget not spent, the call is sent back to ride the outage out at a gate
+        (:mod:`celery_zklock.task.outage`); else the ``unavailable`` policy applies."""
+        policy: str = self.options.on_unavailable
+        if policy == "wait" and self.in_worker:
+            now = time.time()
+            since = outage.unavailable_since(self.request) or now
+            if now - since < gate_config(self.task.app.conf).outage_budget:
+                self._log("sent-back", self.path, unavailable_for=round(now - since, 1))
+                raise outage.send_back(self.task, self.request, since) from cause
+        if policy == "wait":
+            policy = "retry"  # the budget is spent (or no worker): as without riding out
+        self._apply("unavailable", policy, f"task {self.task.name!r}: {message}", cause=cause)
         raise AssertionError("unreachable: the unavailable verdict always raises")
 
     def _client(self) -> KazooClient:
         config = self.settings.client
         try:
-            return get_client(config)
+            client = get_client(config)
         except ConfigurationError:
             raise  # a setting to fix (TLS, the client factory): retrying cannot help
         except STOPPING:
@@ -224,6 +242,14 @@ class LockedRun:
                 f"{config.connect_timeout}s ({exc!r}); check zklock_hosts / ZKLOCK_HOSTS",
                 exc,
             )
+        # A process's client that lost its connection: give the pool slot back soon rather
+        # than wait in it for requests kazoo queues until it connects again.
+        if not outage.wait_connected(client, CONNECTED_PATIENCE):
+            self._unavailable(
+                f"no connection to ZooKeeper at {config.hosts!r} for {CONNECTED_PATIENCE}s",
+                ZooKeeperUnavailable("not connected"),
+            )
+        return client
 
     # -- acquire --------------------------------------------------------------------------
     def _acquire(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
@@ -267,11 +293,16 @@ class LockedRun:
                     continue
             if not settled:
                 delivery.ignore_if_finished(task, self.path, self._log)
-            elif retries or self._outlived_the_broker_bound():
+            elif retries or self._outlived_the_broker_bound() or self._sent_back():
                 # A copy (of an earlier attempt, or of this message, handed out again while it
                 # waited here) may have ended the call meanwhile: one look.
                 delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
             return None
+
+    def _sent_back(self) -> bool:
+        """Whether this message was sent back to ride an outage out: published before the run
+        that sent it was acknowledged, which a worker dying between the two leaves behind."""
+        return outage.unavailable_since(self.request) is not None
 
     def _outlived_the_broker_bound(self) -> bool:
         """Whether this message reached its worker longer ago than the broker's redelivery

@@ -70,7 +70,6 @@ APP_SETTINGS: Final[frozenset[str]] = frozenset(
         "zklock_gate_max_held",
         "zklock_gate_max_hold",
         "zklock_outage_budget",
-        "zklock_outage_budget",
         # Metrics (celery_zklock.worker.metrics).
         "zklock_metrics_port",
         "zklock_metrics_addr",

@@ -118,8 +118,9 @@ def test_zookeeper_failing_at_the_marker(
     bodies: list[str] = []
 
     @app.task(
-        bind=True, base=ZkLockTask, lock_key=["key"], lock_dedupe=mode, lazy=False, shared=False
-    )
+        bind=True, base=ZkLockTask, lock_key=["key"], lock_dedupe=mode, lazy=False, shared=False,
+        lock_on_unavailable="retry",  # not sent back to ride it out (test_outage_rideout.py)
+    )  # fmt: skip
     def job(self: Any, key: str) -> str:
         bodies.append(key)
         return "ran"

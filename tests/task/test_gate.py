@@ -194,17 +194,18 @@ def test_readers_pass_together_and_a_semaphore_admits_its_limit(
     assert sem.sections == 8 and sem.unfinished == [] and sem.max_readers == 2, sem
 
 
-def test_zookeeper_gone_hands_held_messages_to_the_pool(
+def test_zookeeper_gone_past_the_outage_budget_hands_held_messages_to_the_pool(
     taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
 ) -> None:
-    """ZooKeeper stops while the gate holds a message: after a session timeout without an
-    answer the message goes to the pool, whose run ends it ZooKeeperUnavailable (retried, then
+    """ZooKeeper stops while the gate holds a message: once the outage budget (2 s here) has
+    passed the message goes to the pool, whose run ends it ZooKeeperUnavailable (retried, then
     failed), never held for its whole lock_timeout and never dropped."""
     app, env, tmp = taskenv
     from tests.taskapp import long_hold
 
     server = zk_stack_factory.server()
     env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_CONNECT_TIMEOUT": "1"}
+    env["ZKLOCK_OUTAGE_BUDGET"] = "2"
     with workers(app, "prefork", 1, env, tmp, prefix="gone") as (worker,):
         holder = long_hold.apply_async(("zg", 60.0), queue=worker.queue)
         held_session(tmp, holder.id)

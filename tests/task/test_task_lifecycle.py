@@ -206,7 +206,9 @@ def test_unreachable_zookeeper_at_start_retries_then_fails_with_the_reason(
     dead = f"127.0.0.1:{free_port()}"
     env = {**env, "ZKLOCK_HOSTS": dead, "ZKLOCK_CONNECT_TIMEOUT": "0.5"}
     with workers(app, "threads", 1, env, tmp) as (worker,):
-        result = needs_zk.apply_async(("uz",), queue=worker.queue)
+        # Retried, not sent back to ride the outage out (tests/task/test_outage_rideout.py).
+        ride_out = {"on_unavailable": "retry"}
+        result = needs_zk.apply_async(("uz",), queue=worker.queue, zklock=ride_out)
         with pytest.raises(Exception) as failure:
             result.get(timeout=60)
         log = worker.log_text()

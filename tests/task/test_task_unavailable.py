@@ -90,6 +90,7 @@ def test_in_a_worker_an_outage_during_a_wait_retries_then_fails_unavailable(
         holder = long_hold.apply_async(("zo", 60.0), queue=worker.queue)
         held_session(tmp, holder.id)
         policy = {"timeout": 3.0, "on_timeout": "skip", "retry_countdown": 0.2}
+        policy["on_unavailable"] = "retry"  # riding the outage out: test_outage_rideout.py
         waiter = long_hold.apply_async(("zo", 0.1), queue=worker.queue, zklock=policy)
         wait_for(lambda: f"event=busy task_id={waiter.id}" in worker.log_text(), 30, "the wait")
         server.stop()
@@ -120,7 +121,7 @@ def test_in_a_worker_a_long_wait_gives_up_on_a_dead_zookeeper(
     with workers(app, "threads", 1, env, tmp, prefix="dead") as (worker,):
         holder = long_hold.apply_async(("zd", 60.0), queue=worker.queue)
         held_session(tmp, holder.id)
-        policy = {"timeout": 120.0, "retry_countdown": 0.2}
+        policy = {"timeout": 120.0, "retry_countdown": 0.2, "on_unavailable": "retry"}
         waiter = long_hold.apply_async(("zd", 0.1), queue=worker.queue, zklock=policy)
         wait_for(lambda: f"event=busy task_id={waiter.id}" in worker.log_text(), 30, "the wait")
         server.stop()

@@ -28,6 +28,7 @@ ROWS = [
     ("lost", "retry", Verdict("retry", LockLost)),
     ("lost", "raise", Verdict("raise", LockLost)),
     ("unavailable", "retry", Verdict("retry", ZooKeeperUnavailable)),
+    ("unavailable", "raise", Verdict("raise", ZooKeeperUnavailable)),
 ]
 
 

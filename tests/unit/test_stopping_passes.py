@@ -85,6 +85,7 @@ def _run_connecting(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> An
     locked = run.LockedRun.__new__(run.LockedRun)  # only what _client reads
     locked.settings = SimpleNamespace(client=SimpleNamespace(hosts="zk:2181", connect_timeout=1))
     locked.task, locked.in_worker = _Task(error), False
+    locked.options = SimpleNamespace(on_unavailable="wait")
     return locked
 
 

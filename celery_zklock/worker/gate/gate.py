@@ -25,8 +25,13 @@ message (kombu's timer keeps a cancelled entry, and the request it references, u
   pool that may be busy past the bound;
 - it was revoked, or its ``expires`` passed: it ends REVOKED as Celery ends such a request.
 
-When ZooKeeper cannot answer the gate (not connected for a session timeout, a failed read) held
-messages go to the pool, where the run's ``unavailable`` policy applies. When the consumer stops
+While the gate's client is disconnected from ZooKeeper, locked calls ride the outage out here
+(:mod:`celery_zklock.task.outage`): held calls stay held, and new ones of any busy policy whose
+``lock_on_unavailable`` is ``wait`` are held in their key's line, until ZooKeeper answers (then
+each line goes on as before; a call that does not wait when busy goes to the pool at its turn)
+or until the outage budget (``zklock_outage_budget``) has passed since the call met the outage:
+then it goes to the pool, stamped so that its run applies the ``unavailable`` policy. A read that
+fails while connected hands the key's held messages to the pool. When the consumer stops
 (warm shutdown, broker connection lost) held messages go back to the broker in order where it
 allows that (Redis), else they are left unacknowledged and the broker hands them out again.
 The gate writes nothing into a task's result: a held call is seen through its
@@ -50,7 +55,7 @@ from kazoo.protocol.states import KazooState, WatchedEvent
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
 from celery_zklock.locks.identity import parse_identity
-from celery_zklock.task import visibility
+from celery_zklock.task import outage, visibility
 from celery_zklock.task.metrics import count_held
 from celery_zklock.task.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
 from celery_zklock.task.task import ZkLockTask
@@ -82,7 +87,8 @@ class Gate:
         self.client: KazooClient | None = None
         self._handle: Callable[[Any], Any] | None = None
         self._entries: list[Any] = []
-        self._outage: Any = None
+        self._away_since: float | None = None
+        """When the gate's client last lost its connection (None while connected)."""
         self._next_due = float("inf")
         self._revoked_seen = (0, 0.0)
         self._given_back: dict[str, tuple[float, float]] = {}
@@ -90,7 +96,6 @@ class Gate:
         back at the broker bound with a ``lock_timeout``: back here, their timeout goes on
         from the first arrival instead of starting again."""
         self._started = threading.Event()
-        self.grace = 0.0
         # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
         # call_soon got a lock; before that (kombu 5.3) the gate's own inbox, read by _recheck.
         self._threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
@@ -130,10 +135,9 @@ class Gate:
         (:func:`~celery_zklock.worker.gate.giveback.give_back`), else stay unacknowledged (the
         broker hands them out again)."""
         self._started.clear()
-        for entry in [*self._entries, self._outage]:
-            if entry is not None:
-                entry.cancel()
-        self._entries, self._outage = [], None
+        for entry in self._entries:
+            entry.cancel()
+        self._entries = []
         self._inbox.clear()
         lines, self.lines = list(self.lines.values()), {}
         for line in lines:
@@ -159,7 +163,6 @@ class Gate:
                     warned = True
                 time.sleep(RECONNECT_EVERY)
                 continue
-            self.grace = settings.client.session_timeout
             client.add_listener(self._on_state)
             self.client = client
             return
@@ -170,18 +173,20 @@ class Gate:
         gated = self._gated(request)
         if gated is None:
             return self._send(request)
-        path, kind, timeout = gated
-        line = self.lines.get(path)
-        connected = self.client is not None and self.client.connected
-        if line is None:
-            if not connected:
-                return self._send(request)  # nothing held on the key: the run decides
-            line = self.lines[path] = KeyLine(path)
+        path, kind, timeout, waits = gated
         now = time.time()
+        since = self._outage_since(request)
+        if since is not None and now - since >= self.config.outage_budget:
+            return self._send(_stamped(request, since))  # the run applies `unavailable`
+        line = self.lines.get(path)
+        if line is None:
+            line = self.lines[path] = KeyLine(path)
+        connected = self._away_since is None and self.client is not None and self.client.connected
         received = request.request_dict.get(RECEIPT_FIELD)
         due = self._given_back.pop(request.id, (now, now))[0]
         held = Held(request, kind, due, bound_at=_number(received, now) + self.config.max_hold)
-        if timeout is not None:
+        held.waits = waits
+        if timeout is not None and waits:
             held.timeout_at = due + timeout
         if not line.held and line.queue is not None and line.watched:
             line.forget_ended(_running)
@@ -196,10 +201,11 @@ class Gate:
             self._read(line)
         return None
 
-    def _gated(self, request: Any) -> tuple[str, LockKind, float | None] | None:
-        """The lock path, lock kind and ``lock_timeout`` of a request the gate holds when busy;
-        None for any other (not locked, not ``wait``, the gate not started, arguments the key
-        cannot take: the pool run decides, and fails with the reason)."""
+    def _gated(self, request: Any) -> tuple[str, LockKind, float | None, bool] | None:
+        """The lock path, lock kind, ``lock_timeout`` and whether it waits when busy of a
+        request the gate holds: a ``wait`` call, and while ZooKeeper is away any locked call
+        that rides an outage out; None for any other (not locked, the gate not started,
+        arguments the key cannot take: the pool run decides, and fails with the reason)."""
         task = request.task
         if self.client is None or not isinstance(task, ZkLockTask):
             return None
@@ -207,12 +213,13 @@ class Gate:
             spec = task._zklock_compile(task.name)
             overrides = request.request_dict.get(CALL_OPTION)
             options = spec.for_call(overrides if isinstance(overrides, Mapping) else None)
-            if options.on_busy != "wait":
+            waits = options.on_busy == "wait"
+            if not waits and (self._away_since is None or options.on_unavailable != "wait"):
                 return None
             path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
         except Exception:
             return None
-        return path, options.lock_kind, options.timeout
+        return path, options.lock_kind, options.timeout, waits
 
     def _hold(self, line: KeyLine, held: Held) -> None:
         if self.held < self.config.max_held:
@@ -230,6 +237,14 @@ class Gate:
             self.consumer.qos.decrement_eventually()
             held.raised_prefetch = False
         count_held(held.request.name, -1)
+
+    def _outage_since(self, request: Any) -> float | None:
+        """Since when the call of ``request`` has met the outage: when the gate lost ZooKeeper,
+        or earlier if its message says so (sent back by a run); None while connected."""
+        if self._away_since is None:
+            return None
+        carried = outage.unavailable_since(request)
+        return self._away_since if carried is None else min(carried, self._away_since)
 
     def _dispatch(self, line: KeyLine, held: Held, was_held: bool = True) -> Any:
         request = held.request
@@ -308,7 +323,11 @@ class Gate:
             return
         if look_revoked:
             self._revoked_seen = seen
-        self._next_due = float("inf")
+        away_since = self._away_since
+        away = away_since is not None
+        self._next_due = (
+            float("inf") if away_since is None else away_since + self.config.outage_budget
+        )
         if self._given_back:  # fetched by another worker, or never again: forget in time
             for task_id, (_, forget_at) in list(self._given_back.items()):
                 if forget_at <= now:
@@ -318,7 +337,15 @@ class Gate:
                 for held in [h for h in line.held if _revoked(h.request)]:
                     line.held.remove(held)
                     self._release_hold(held)
-            to_pool, to_broker = line.take_due(now)
+            if away:  # held past the outage budget: to the pool, to apply `unavailable`
+                for held in list(line.held):
+                    since = self._outage_since(held.request)
+                    if since is not None and now - since >= self.config.outage_budget:
+                        line.held.remove(held)
+                        _stamped(held.request, since)
+                        self._dispatch(line, held)
+            # While ZooKeeper is away no lock_timeout runs out (it is never taken for a busy lock).
+            to_pool, to_broker = line.take_due(now, timeouts=not away)
             for held in to_pool:
                 self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
             for held in to_broker:
@@ -432,26 +459,31 @@ class Gate:
         self._soon(self._state_changed, state)
 
     def _state_changed(self, state: str) -> None:
-        if state == KazooState.CONNECTED:
-            if self._outage is not None:
-                self._outage.cancel()
-                self._outage = None
+        client = self.client
+        if state == KazooState.CONNECTED and client is not None and client.connected:
+            if self._away_since is not None:
+                logger.info(
+                    "celery-zklock gate: ZooKeeper answers again after %.1fs; %d held "
+                    "message(s) go on",
+                    time.time() - self._away_since,
+                    self.held,
+                )
+            self._away_since = None
             for line in list(self.lines.values()):
                 self._changed(line.path)  # watches may have fired unseen: look again
             return
+        if state == KazooState.CONNECTED:
+            return  # an old notice: the client is away again
         for line in self.lines.values():  # the session's watches may be gone: read again later
             line.queue, line.watched, line.read_again = None, False, line.reading
-        if self._outage is None:
-            self._outage = self.consumer.timer.call_after(self.grace, self._outage_over, ())
-
-    def _outage_over(self) -> None:
-        """No answer from ZooKeeper for a session timeout: every held message goes to the pool."""
-        self._outage = None
-        client = self.client
-        if client is not None and client.connected:
-            return
-        for line in list(self.lines.values()):
-            self._hand_over(line)
+        if self._away_since is None:
+            self._away_since = time.time()
+            self._next_due = min(self._next_due, self._away_since + self.config.outage_budget)
+            logger.warning(
+                "celery-zklock gate: ZooKeeper is away; locked calls wait here for it up to "
+                "%.0fs (zklock_outage_budget), then apply lock_on_unavailable",
+                self.config.outage_budget,
+            )
 
 
 def _running(request: Any) -> bool:
@@ -465,6 +497,13 @@ def _revoked(request: Any) -> bool:
     if request.id not in worker_state.revoked and not request.expires:
         return False
     return bool(request.revoked())
+
+
+def _stamped(request: Any, since: float) -> Any:
+    """``request``, telling its run since when its call has met the outage (past the budget:
+    the run applies ``lock_on_unavailable``'s policy instead of sending it back)."""
+    request.request_dict[outage.UNAVAILABLE_SINCE] = since
+    return request
 
 
 def _number(value: Any, default: float) -> float:

@@ -29,7 +29,8 @@ class Held:
     ``lock_on_timeout``, and ``bound_at``, when it goes back to the broker (the broker's
     redelivery bound, counted from the worker's *receipt*, ETA waits included).
     ``raised_prefetch``: holding it raised the worker's prefetch; ``told``: its
-    ``task-lock-waiting`` event was sent."""
+    ``task-lock-waiting`` event was sent; ``waits``: its call waits when busy (else it is held
+    only while ZooKeeper is away, and goes to the pool at its turn, whoever holds the lock)."""
 
     request: Any
     kind: LockKind
@@ -38,6 +39,7 @@ class Held:
     timeout_at: float | None = None
     raised_prefetch: bool = False
     told: bool = False
+    waits: bool = True
 
     @property
     def next_at(self) -> float:
@@ -87,15 +89,17 @@ class KeyLine:
         """Whether the head of the line may go to the pool now (see :func:`may_enter`)."""
         if not self.held or self.queue is None:
             return False
-        return may_enter(self.held[0].kind, self.queue, [kind for _, kind in self.sent])
+        head = self.held[0]
+        return not head.waits or may_enter(head.kind, self.queue, [kind for _, kind in self.sent])
 
     def next_ready(self) -> Held | None:
         """Take the head of the line if it may go to the pool now."""
         return self.held.popleft() if self.head_ready() else None
 
-    def take_due(self, now: float) -> tuple[list[Held], list[Held]]:
+    def take_due(self, now: float, timeouts: bool = True) -> tuple[list[Held], list[Held]]:
         """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
-        ran out (to the pool, where the run applies ``lock_on_timeout`` at once), and, from
+        ran out, unless not ``timeouts`` (to the pool, where the run applies
+        ``lock_on_timeout`` at once), and, from
         the first one whose broker bound came, that one and every one behind it (back to the
         broker together, in line order, so that none overtakes another of its key)."""
         back_from = next((i for i, h in enumerate(self.held) if h.bound_at <= now), None)
@@ -104,7 +108,9 @@ class KeyLine:
             while len(self.held) > back_from:
                 to_broker.append(self.held.pop())
             to_broker.reverse()
-        to_pool = [h for h in self.held if h.timeout_at is not None and h.timeout_at <= now]
+        to_pool = [
+            h for h in self.held if timeouts and h.timeout_at is not None and h.timeout_at <= now
+        ]
         for held in to_pool:
             self.held.remove(held)
         return to_pool, to_broker

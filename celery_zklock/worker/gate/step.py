@@ -72,10 +72,19 @@ def install(sender: Any = None, **_: Any) -> None:
         if isinstance(task, ZkLockTask):  # bound now: acks_late from the app's settings too
             check_redelivery(task.name, task)
     try:
-        enabled = gate_config(app.conf).enabled
+        config = gate_config(app.conf)
     except ConfigurationError as exc:
         raise SystemExit(f"celery-zklock: {exc}") from None
-    if enabled:
+    if config.enabled and config.asked_outage_budget > config.outage_budget:
+        logger.warning(
+            "celery-zklock: zklock_outage_budget=%gs is longer than the gate may hold a message "
+            "(%gs, before the broker would hand it out again): calls ride an outage out for "
+            "%gs, then lock_on_unavailable applies",
+            config.asked_outage_budget,
+            config.max_hold,
+            config.outage_budget,
+        )
+    if config.enabled:
         app.steps["consumer"].add(GateStep)
         task_received.connect(note_receipt, weak=False, dispatch_uid="celery-zklock-receipt")
 

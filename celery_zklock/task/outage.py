@@ -1,0 +1,83 @@
+"""A call that meets an unreachable ZooKeeper rides the outage out, up to the outage budget.
+
+With ``lock_on_unavailable="wait"`` (the default) a locked call that cannot reach ZooKeeper does
+not spend its retries nor keep a pool slot: the worker's gate holds it while its own client is
+disconnected (:mod:`celery_zklock.worker.gate`), and a run in the pool that finds ZooKeeper
+unreachable ends at once, without a state, after sending its message back under the same task
+id and retry count (:func:`send_back`; a retry it is not), so that a gate holds it. The message
+carries since when the call has met the outage (:data:`UNAVAILABLE_SINCE`); once the outage
+budget (``zklock_outage_budget``, at most the gate's broker bound) has passed since then, the
+``unavailable`` policy applies as without riding out: a retry with ``ZooKeeperUnavailable``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from celery.exceptions import Ignore
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
+
+__all__ = [
+    "SEND_BACK_AFTER",
+    "UNAVAILABLE_SINCE",
+    "SentBack",
+    "send_back",
+    "unavailable_since",
+    "wait_connected",
+]
+
+UNAVAILABLE_SINCE: Final = "zklock_unavailable_since"
+"""The message header (and request field) holding when the call first met the outage
+(``time.time()``): the outage budget counts from there, across re-sends and workers."""
+SEND_BACK_AFTER: Final = 1.0
+"""Seconds after which a message sent back reaches a worker again (its ETA): a worker whose
+gate is connected but whose pool process is not yet does not spin on it."""
+
+
+class SentBack(Ignore):  # type: ignore[misc]
+    """The run ended without a state: its call was sent back to ride the outage out."""
+
+
+def unavailable_since(request: Any) -> float | None:
+    """When the call of ``request`` first met the outage, if it did (its message says so, or
+    the gate that handed it to the pool past the budget)."""
+    value = getattr(request, UNAVAILABLE_SINCE, None)
+    if value is None:
+        headers = getattr(request, "headers", None)
+        value = headers.get(UNAVAILABLE_SINCE) if isinstance(headers, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def send_back(task: Any, request: Any, since: float) -> SentBack:
+    """Publish the call of ``request`` again (same task id, arguments, options, retry count and
+    generation; ETA :data:`SEND_BACK_AFTER` from now) carrying ``since``; returns the
+    :class:`SentBack` for the run to raise, which acknowledges this message."""
+    signature = task.signature_from_request(request, countdown=SEND_BACK_AFTER)
+    headers = dict(signature.options.get("headers") or {})
+    headers[UNAVAILABLE_SINCE] = since
+    signature.options["headers"] = headers
+    signature.apply_async()
+    waited = time.time() - since
+    return SentBack(
+        f"task {task.name!r} [{request.id}]: ZooKeeper unreachable for {waited:.1f}s; the call "
+        "was sent back to wait at a worker's gate until it answers"
+    )
+
+
+def wait_connected(client: KazooClient, timeout: float) -> bool:
+    """Whether ``client`` is connected, waiting up to ``timeout`` seconds for it to be."""
+    if client.connected:
+        return True
+    connected = client.handler.event_object()
+
+    def listen(state: str) -> None:
+        if state == KazooState.CONNECTED:
+            connected.set()
+
+    client.add_listener(listen)
+    try:
+        return bool(client.connected or connected.wait(timeout))
+    finally:
+        client.remove_listener(listen)
