@@ -158,7 +158,8 @@ class Gate:
                 if not warned:
                     outages.warn_unreachable(
                         settings.client, exc, "locked tasks go straight to the pool until it "
-                        "answers, and end ZooKeeperUnavailable (retried) while it does not",
+                        "answers, where each run sends its call back to wait for it "
+                        "(lock_on_unavailable)",
                     )  # fmt: skip
                     warned = True
                 time.sleep(RECONNECT_EVERY)
