@@ -662,6 +662,7 @@ class ZooKeeperServer(_Secured):
             security=security,
         )
         self._child = None
+        self._runtime: _Runtime | None = None
 
     def __repr__(self) -> str:
         state = f"port={self._child.port} pid={self.pid}" if self._child else "stopped"
@@ -707,7 +708,42 @@ class ZooKeeperServer(_Secured):
         except BaseException:
             self._drop_material()
             raise
+        self._runtime = runtime
         return self
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send ``sig`` to the server and wait until its process is gone; its port and data are
+        kept for :meth:`restart` (an outage, as :meth:`ZooKeeperEnsemble.kill` for a member).
+
+        Raises StackError if it is not running, or still alive ``timeout`` seconds after a
+        signal that was not fatal.
+        """
+        node = self.node
+        if not node.is_running():
+            raise StackError(f"{self!r} is not running")
+        node.send_signal(sig)
+        if not node.wait(timeout):
+            raise StackError(
+                f"the ZooKeeper server (pid {node.pid}) is still running {timeout:.1f} s after "
+                f"signal {signal.Signals(sig).name}; use SIGKILL"
+            )
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start the killed server again on the same port and data, and wait until it serves.
+
+        Raises StackError if it is running, or does not serve within ``timeout`` seconds (the
+        server is then stopped: for example another program took its port meanwhile).
+        """
+        node = self.node
+        if node.is_running():
+            raise StackError(f"{self!r} is running; kill() it before restart()")
+        assert self._runtime is not None  # set by start, as node is
+        node.launch(self._runtime)
+        try:
+            node.wait_serving(time.monotonic() + timeout, {"standalone"})
+        except StackError as exc:
+            node.stop()
+            raise StackError(f"restart of the ZooKeeper server failed: {exc}") from exc
 
     def stop(self) -> None:
         """Stop the server and remove its directory (and the security material); returns once
@@ -1312,6 +1348,20 @@ class ZooKeeperEnsemble(_Secured):
                 f"ZooKeeper node {myid} (pid {node.pid}) is still running {timeout:.1f} s after "
                 f"signal {signal.Signals(sig).name}; use SIGKILL"
             )
+
+    def restart_stopped(self, timeout: float = 30.0) -> list[int]:
+        """Start every member that is not running again (same ports, same data), all at once,
+        and wait until the ensemble serves; return their myids. Unlike :meth:`restart`, this
+        brings back an ensemble that lost its quorum (one member alone would wait for the
+        others). Raises StackError if it does not serve within ``timeout`` seconds.
+        """
+        if self._runtime is None:
+            raise self._not_started()
+        stopped = [node for node in self._nodes if not node.is_running()]
+        for node in stopped:
+            node.launch(self._runtime)
+        _wait_ensemble_serving(self._nodes, time.monotonic() + timeout)
+        return [node.myid for node in stopped]
 
     def restart(self, myid: int, timeout: float = 30.0) -> None:
         """Start node ``myid`` again (same ports, same data) and wait until it serves.

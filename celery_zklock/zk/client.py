@@ -10,6 +10,12 @@ A TLS connection that cannot be made (an untrusted certificate, a hostname the c
 not name) only shows in kazoo as a connect timeout; :func:`get_client` then makes one handshake
 itself and raises :class:`ConfigurationError` naming TLS and the setting to fix.
 
+Every client built here (not a factory's) reconnects on a bounded schedule,
+:func:`reconnect_policy`: kazoo's own doubles its wait after each failed attempt up to an hour,
+so after a minute's outage a process could try next a minute after ZooKeeper answered again,
+and fail calls meanwhile. Ours waits at most about 0.6 s between attempts, jittered so that a
+fleet's processes do not all knock at once.
+
 When a held lock counts as lost is the lease clock's business: see
 :mod:`celery_zklock.locks.clock`.
 """
@@ -28,6 +34,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError
 from kazoo.protocol.states import KazooState, KeeperState
+from kazoo.retry import KazooRetry
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.zk import adapter, outages
@@ -40,6 +47,12 @@ KAZOO_CHECKS_HOSTNAMES = "check_hostname" in inspect.signature(KazooClient.__ini
 """kazoo 2.11 added ``check_hostname``; older ones (2.9, 2.10) verify certificates only."""
 NAME_MISMATCH_CODES = frozenset({62, 64})
 """OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH."""
+RECONNECT_MAX_DELAY = 0.5
+"""Seconds, before jitter, a client waits at most between two attempts to reconnect."""
+RECONNECT_JITTER = 0.25
+"""Each wait is drawn from +-25 % of its nominal length: at most ``0.5 * 1.25 = 0.625`` s.
+A refused attempt costs the server nothing; two a second per process is cheap, and the outage's
+logged length (:mod:`celery_zklock.zk.outages`) is off by at most one wait."""
 
 # -- one client per process -------------------------------------------------------------------
 
@@ -62,11 +75,28 @@ def new_client(config: ClientConfig) -> KazooClient:
     return client
 
 
+def reconnect_policy(sleep_func: Any) -> KazooRetry:
+    """The ``connection_retry`` of the clients built here: retry for ever, from 0.1 s doubling
+    up to :data:`RECONNECT_MAX_DELAY`, jittered by :data:`RECONNECT_JITTER`, so that a client
+    reconnects within about 0.6 s of ZooKeeper answering again however long it was away.
+    ``sleep_func`` is the handler's (kazoo insists the two match)."""
+    return KazooRetry(
+        max_tries=-1,
+        delay=0.1,
+        backoff=2,
+        max_jitter=RECONNECT_JITTER,
+        max_delay=RECONNECT_MAX_DELAY,
+        sleep_func=sleep_func,
+    )
+
+
 def _new_client(config: ClientConfig) -> KazooClient:
     config.validate()
     if config.factory is not None:
         return _client_from_factory(config.factory)
-    kwargs: dict[str, Any] = dict(config.extra)
+    handler = _make_handler(config.handler)
+    kwargs: dict[str, Any] = dict(config.extra)  # its own connection_retry wins over ours
+    kwargs.setdefault("connection_retry", reconnect_policy(handler.sleep_func))
     if config.use_ssl:
         kwargs.update(
             use_ssl=True,
@@ -89,7 +119,7 @@ def _new_client(config: ClientConfig) -> KazooClient:
     client = KazooClient(
         hosts=config.hosts,
         timeout=config.session_timeout,
-        handler=_make_handler(config.handler),
+        handler=handler,
         auth_data=list(config.auth) or None,
         default_acl=list(config.acl) or None,
         logger=outages.KAZOO_LOG,  # reconnect warnings: one per outage

@@ -8,7 +8,12 @@ few seconds for as long as the outage lasts, in every process. The clients this 
 logger directly: the same logger (``kazoo.client``), but of the reconnect warnings only the
 first of an outage gets through, saying that the rest are left out, until one of the process's
 clients connects again (:func:`connected`, a state listener ``new_client`` adds); that is logged
-too, with the outage's length. The outage is the process's: a forked child starts without one.
+too, with the outage's length: from the first failed attempt to the connect, and how long before
+the connect an attempt last failed (ZooKeeper came back in between). The length is as true as the
+reconnect schedule is tight: the library's clients try at least every 0.625 s
+(:func:`celery_zklock.zk.client.reconnect_policy`); with kazoo's own schedule, whose waits grow
+to a minute, a process told "after 176 s" of an 89 s outage. The outage is the process's: a
+forked child starts without one.
 Other kazoo messages, and clients made elsewhere (a ``zklock_client_factory``'s, your own),
 are untouched.
 
@@ -45,11 +50,13 @@ RECONNECT_WARNINGS: Final = (
 
 
 class _Outage:
-    """This process's outage: when its first reconnect warning was let through, or None."""
+    """This process's outage: when its first reconnect warning was let through (None: no
+    outage), and when the last one came, let through or not."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.since: float | None = None
+        self.last_failed: float | None = None
         self.dropped = 0
         self.warned_unreachable = False
 
@@ -75,10 +82,11 @@ class OutageLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         if level == logging.WARNING and str(msg).startswith(RECONNECT_WARNINGS):
             outage = _outage
             with outage.lock:
+                outage.last_failed = time.monotonic()
                 if outage.since is not None:
                     outage.dropped += 1
                     return
-                outage.since, outage.dropped = time.monotonic(), 0
+                outage.since, outage.dropped = outage.last_failed, 0
             msg = (
                 f"{msg} (ZooKeeper out of reach; kazoo keeps reconnecting: its other reconnect "
                 "warnings are left out until a client of this process connects again)"
@@ -96,17 +104,20 @@ KAZOO_LOG: Final = OutageLog(logging.getLogger(KAZOO_LOGGER), {})
 
 def connected(state: str) -> bool:
     """A kazoo state listener: a connected client ends this process's outage (and says how long
-    it lasted and how many warnings were left out). Returns False: stay registered."""
+    it lasted, when an attempt last failed and how many warnings were left out). Returns False:
+    stay registered."""
     if state != KazooState.CONNECTED:
         return False
+    now = time.monotonic()
     outage = _outage
     with outage.lock:
-        since, dropped = outage.since, outage.dropped
-        outage.since = None
+        since, last_failed, dropped = outage.since, outage.last_failed, outage.dropped
+        outage.since = outage.last_failed = None
     if since is not None:
         logger.warning(
-            "celery-zklock: ZooKeeper answers again after %.1fs out of reach (%d reconnect "
-            "warnings left out)", time.monotonic() - since, dropped,
+            "celery-zklock: ZooKeeper answers again after %.1fs out of reach (an attempt "
+            "failed %.1fs before; %d reconnect warnings left out)",
+            now - since, now - (last_failed or since), dropped,
         )  # fmt: skip
     return False
 
