@@ -2,8 +2,16 @@
 
 ``celery-zklock stack up [--zk-nodes N] [--no-redis] [--secure]`` runs ZooKeeper (and Redis)
 in the foreground, prints ``export ZKLOCK_HOSTS=...`` / ``export ZKLOCK_BROKER_URL=...`` lines and
-waits; SIGINT (Ctrl-C) or SIGTERM stops everything and exits 0. If every ZooKeeper node or the
-Redis server dies on its own, it stops the rest and exits 1.
+waits; SIGINT (Ctrl-C) or SIGTERM stops everything and exits 0. It names each ZooKeeper process
+that exits on its own (on stderr, with the end of its log); if every ZooKeeper node or the Redis
+server is gone, it stops the rest and exits 1.
+
+``celery-zklock stack outage SECONDS [--stack PID] [--json]`` (also spelled ``stack drill
+--seconds SECONDS``) is an outage drill: the running ``stack up`` (the only one, or the one with
+that pid) SIGKILLs its ZooKeeper, every member of an ensemble, and starts it again on the same
+ports and data SECONDS later; the command prints each step with its time of day (``--json``: one
+JSON object per step) and exits 0 once ZooKeeper serves again, 1 if the drill failed. See
+:mod:`celery_zklock.testing.drill` and ``docs/outage.md``.
 
 ``--secure`` starts ZooKeeper with SASL DIGEST-MD5 users, digest auth and a TLS client port
 (see :class:`~celery_zklock.testing.security.ZooKeeperSecurity`) and prints the TLS settings
@@ -30,8 +38,9 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
-from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer
+from celery_zklock.testing import RedisServer, StackError, ZooKeeperEnsemble, ZooKeeperServer, drill
 from celery_zklock.testing.security import SASL_MECHANISM, ZooKeeperSecurity
 from celery_zklock.zk import validate
 
@@ -81,10 +90,45 @@ def _configure_stack(parser: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for start-up (default 60)"
     )
+    outage = actions.add_parser(
+        "outage",
+        help="an outage drill: stop the running stack's ZooKeeper for SECONDS, then restart it",
+        description=(
+            "Ask the running `celery-zklock stack up` to SIGKILL its ZooKeeper (every member of "
+            "an ensemble) and start it again on the same ports and data SECONDS later. Prints "
+            "each step with its time of day; exits 0 once ZooKeeper serves again."
+        ),
+    )
+    outage.add_argument(
+        "seconds",
+        type=validate.argument(validate.seconds),
+        metavar="SECONDS",
+        help="how long ZooKeeper stays down",
+    )
+    _drill_options(outage)
+    alias = actions.add_parser("drill", help="the same as `outage SECONDS`: --seconds SECONDS")
+    alias.add_argument(
+        "--seconds",
+        type=validate.argument(validate.seconds),
+        required=True,
+        metavar="SECONDS",
+        help="how long ZooKeeper stays down",
+    )
+    _drill_options(alias)
+
+
+def _drill_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stack",
+        type=validate.argument(validate.positive_int),
+        metavar="PID",
+        help="the pid of the `stack up` to drill (needed when several run)",
+    )
+    parser.add_argument("--json", action="store_true", help="print each step as a JSON object")
 
 
 @contextlib.contextmanager
-def _stop_signals() -> Iterator[Callable[[float | None], bool]]:
+def _stop_signals() -> Iterator[Callable[..., bool]]:
     """Turn SIGINT/SIGTERM into a flag; yield ``wait(timeout) -> stop requested``.
 
     The handlers only set a flag; a wakeup pipe makes the wait return at once (no lost wakeup
@@ -100,10 +144,13 @@ def _stop_signals() -> Iterator[Callable[[float | None], bool]]:
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
-    def wait(timeout: float | None) -> bool:
+    def wait(timeout: float | None, readable: Any = None) -> bool:
+        """Wait up to ``timeout`` seconds for a stop signal (or for ``readable`` to be)."""
         if not requested:
-            ready, _, _ = select.select([read_fd], [], [], timeout)
-            if ready:
+            ready, _, _ = select.select(
+                [read_fd, *([readable] if readable else [])], [], [], timeout
+            )
+            if read_fd in ready:
                 os.read(read_fd, 512)
         return bool(requested)
 
@@ -120,6 +167,8 @@ def _stop_signals() -> Iterator[Callable[[float | None], bool]]:
 def _run_stack(args: argparse.Namespace) -> int:
     if args.stack_action == "up":
         return _stack_up(args)
+    if args.stack_action in ("outage", "drill"):
+        return _stack_outage(args)
     raise AssertionError(f"unknown stack action {args.stack_action!r}")  # argparse prevents it
 
 
@@ -153,7 +202,7 @@ def _stack_up(args: argparse.Namespace) -> int:
         else ZooKeeperEnsemble(args.zk_nodes, security=security)
     )
     redis = None if args.no_redis else RedisServer()
-    with _stop_signals() as stop_requested:
+    with _stop_signals() as stop_requested, drill.control_socket() as control:
         try:
             zookeeper.start(timeout=args.timeout)
             if stop_requested(0):
@@ -172,14 +221,20 @@ def _stack_up(args: argparse.Namespace) -> int:
             print(
                 f"# ZooKeeper pids {_pids(zookeeper)}"
                 + (f", Redis pid {redis.pid}" if redis is not None else "")
-                + ". Ctrl-C or SIGTERM stops them.",
+                + ". Ctrl-C or SIGTERM stops them. An outage drill: celery-zklock stack "
+                f"outage SECONDS (--stack {os.getpid()}).",
                 file=sys.stderr,
                 flush=True,
             )
-            while not stop_requested(1.0):
-                problem = _health_problem(zookeeper, redis)
+            deaths = drill.DeathWatch(zookeeper)
+            while not stop_requested(1.0, control):
+                if not drill.serve_drill(control, zookeeper, stop_requested, _say):
+                    return 0 if stop_requested(0) else 1
+                for line in deaths.check():
+                    _say(f"celery-zklock stack up: {line}")
+                problem = _health_problem(deaths, redis)
                 if problem:
-                    print(f"celery-zklock stack up: {problem}; stopping", file=sys.stderr)
+                    _say(f"celery-zklock stack up: {problem}; stopping")
                     return 1
             return 0
         except StackError as exc:
@@ -197,14 +252,29 @@ def _pids(zookeeper: ZooKeeperServer | ZooKeeperEnsemble) -> list[int | None]:
     return [zookeeper.pid]
 
 
-def _health_problem(
-    zookeeper: ZooKeeperServer | ZooKeeperEnsemble, redis: RedisServer | None
-) -> str | None:
-    if all(pid is None for pid in _pids(zookeeper)):
+def _health_problem(deaths: drill.DeathWatch, redis: RedisServer | None) -> str | None:
+    if deaths.all_gone():
         return "every ZooKeeper process exited"
     if redis is not None and not redis.is_running():
         return "the Redis server exited"
     return None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _stack_outage(args: argparse.Namespace) -> int:
+    try:
+        path = drill.find_stack(args.stack)
+        for step in drill.request_outage(path, args.seconds, drill.RESTART_TIMEOUT + 30):
+            print(step.to_json() if args.json else step.describe(), flush=True)
+            if step.event == "error":
+                return 1
+    except StackError as exc:
+        print(f"celery-zklock stack {args.stack_action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ---------------------------------------------------------------------------------- commands

@@ -18,7 +18,10 @@ import redis
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import cli
+from celery_zklock.testing import drill as drill_steps
 from celery_zklock.testing.cli import build_parser, main
+from celery_zklock.zk.client import new_client
+from celery_zklock.zk.settings import ClientConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPORT_RE = re.compile(r"^export (ZKLOCK_HOSTS|ZKLOCK_BROKER_URL)=(\S+)$")
@@ -189,3 +192,62 @@ def test_the_library_cli_has_only_the_library_commands(
             main(argv)
         assert info.value.code == 2
     assert "invalid choice: 'demo'" in capsys.readouterr().err
+
+
+def drill(*args: str) -> subprocess.CompletedProcess[str]:
+    """``celery-zklock stack outage ...`` as a subprocess, as an operator runs it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "celery_zklock.testing.cli", "stack", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_the_outage_drill_stops_zookeeper_and_brings_it_back_on_the_same_port_and_data(
+    stack_up: type[StackUp], nodes: int
+) -> None:
+    stack = stack_up("--zk-nodes", str(nodes), "--no-redis")
+    hosts = stack.exports(1)["ZKLOCK_HOSTS"]
+    before = children_of(stack.proc.pid)
+    client = new_client(ClientConfig(hosts=hosts))
+    client.start(timeout=10)
+    try:
+        client.create("/drilled", b"kept")
+        spelled = ("outage", "2") if nodes == 1 else ("drill", "--seconds", "2")
+        done = drill(*spelled, "--stack", str(stack.proc.pid), "--json")
+        assert done.returncode == 0, done.stderr
+        steps = [drill_steps.Step.from_json(line) for line in done.stdout.splitlines()]
+        assert [s.event for s in steps] == ["killed", "restarting", "serving"]
+        killed, restarting, serving = steps
+        assert sorted(killed.pids) == sorted(before) and not set(serving.pids) & set(before)
+        assert killed.hosts == serving.hosts == hosts  # the same ports
+        assert restarting.at - killed.at >= 2.0 and serving.down is not None
+        assert 2.0 <= serving.down < 30
+        client.sync("/")
+        assert client.get("/drilled")[0] == b"kept"  # the same data
+        assert sorted(children_of(stack.proc.pid)) == sorted(serving.pids)
+    finally:
+        client.stop()
+        client.close()
+    assert stack.stop(signal.SIGTERM) == 0
+    assert stack.proc.stderr is not None
+    said = stack.proc.stderr.read()
+    assert "exited unexpectedly" not in said and "serves again" in said
+
+
+def test_stack_up_names_its_zookeeper_dying_and_stops(stack_up: type[StackUp]) -> None:
+    stack = stack_up("--no-redis")
+    stack.exports(1)
+    (zookeeper,) = children_of(stack.proc.pid)
+    os.kill(zookeeper, signal.SIGKILL)
+    assert stack.proc.wait(30) == 1
+    assert stack.proc.stderr is not None
+    said = stack.proc.stderr.read()
+    assert f"ZooKeeper (pid {zookeeper}, port" in said
+    assert "exited unexpectedly (killed by SIGKILL)" in said
+
+
+def test_the_drill_names_what_it_cannot_find() -> None:
+    done = drill("outage", "1", "--stack", "999999999")
+    assert done.returncode == 1
+    assert "no `celery-zklock stack up` with pid 999999999 runs" in done.stderr
+    assert drill("outage", "0").returncode == 2  # not an outage: a usage error
