@@ -518,6 +518,7 @@ def check_run(
     leftover_nodes: int,
     never_delivered: Collection[str] = (),
     never_received: Collection[str] | None = None,
+    resent: Mapping[str, float] | None = None,
     unrelated: Collection[str] = (),
     done_at: Mapping[str, float] | None = None,
     gate: bool | None = None,
@@ -538,7 +539,10 @@ def check_run(
     process, else as lost), or None when the workers' logs are not at hand (an external fleet:
     a broker restart then excuses every such task, and a consumer's death none); a task a
     worker received and that is then gone was lost by the worker, whatever the faults before
-    it; ``unrelated`` the
+    it. A task whose message a worker sent to the broker again (a retry, a run's send-back in an
+    outage, the gate's give-back at the broker's bound: ``resent``, the last such instant, from
+    the workers' logs) is judged by that last copy: ``never_delivered`` and ``never_received``
+    then mean "since then", and the windows above count from it; ``unrelated`` the
     submitted tasks of no lock (they run no section), ``done_at`` when each task's result was
     stored (``date_done``), for their latency; ``gate`` and ``gate_held_max`` are carried into
     the report as given.
@@ -588,17 +592,18 @@ def check_run(
         (f.time for f in faults if f.ran and _killed_a_consumer(f)), default=None
     )
     unreceived = set(never_delivered if never_received is None else never_received)
+    last_sent = {t: max(submitted[t], (resent or {}).get(t, 0.0)) for t in tally.lost}
     dropped = tuple(
         t
         for t in tally.lost
         if t in never_delivered
         and t in unreceived
         and (
-            (restarts_end is not None and submitted[t] <= restarts_end)
+            (restarts_end is not None and last_sent[t] <= restarts_end)
             or (
                 never_received is not None
                 and consumers_killed is not None
-                and submitted[t] <= consumers_killed
+                and last_sent[t] <= consumers_killed
             )
         )
     )

@@ -931,6 +931,7 @@ def _drive(
         unrelated, done_at = set(progress.unrelated), dict(progress.done_at)
     say(f"tasks sent and settled in {elapsed:.1f} s")
     unsettled = [t for t in submitted if t not in outcomes]
+    resent = _resent(run, unsettled)
     report = check_run(
         submitted=submitted,
         outcomes=outcomes,
@@ -938,7 +939,8 @@ def _drive(
         faults=faults,
         leftover_nodes=leftovers,
         never_delivered=_never_delivered(run, unsettled, say),
-        never_received=_never_received(run, unsettled, say),
+        never_received=_never_received(run, unsettled, say, resent),
+        resent=resent,
         unrelated=unrelated,
         done_at=done_at,
         gate=config.gate if run.fleet is not None else None,
@@ -971,17 +973,26 @@ def _never_delivered(run: _Run, unsettled: Sequence[str], say: Callable[[str], N
         say(f"  unsettled task {task_id}: {began}; its message: {place}")
     if view.mutex_ttl is not None:
         say(f"  kombu's restore mutex is held ({view.mutex_ttl} s left): no redelivery until then")
-    never_started = {t for t, state in zip(unsettled, states, strict=True) if state is None}
+    # A retry's message is a new one that never started (the attempt before it stored RETRY).
+    never_started = {
+        t
+        for t, state in zip(unsettled, states, strict=True)
+        if state is None or json.loads(state)["status"] == "RETRY"
+    }
     return never_started - set(view.places)
 
 
 def _never_received(
-    run: _Run, unsettled: Sequence[str], say: Callable[[str], None]
+    run: _Run,
+    unsettled: Sequence[str],
+    say: Callable[[str], None],
+    resent: Mapping[str, float] | None = None,
 ) -> set[str] | None:
     """Of the tasks without a final state, those that no worker of a local fleet logged as
     received (``Task NAME[ID] received``: a worker took the message from the broker and
-    recorded it as delivered); None for an external fleet, whose logs are not here. Says, for
-    each received one, which worker logged it."""
+    recorded it as delivered) since the last time a worker sent its message back (``resent``,
+    see :func:`_resent`); None for an external fleet, whose logs are not here. Says, for each
+    received one, which worker logged it and when."""
     if run.fleet is None:
         return None
     if not unsettled:
@@ -989,11 +1000,53 @@ def _never_received(
     logs = {w.label: w.log_text() if w.log_path.exists() else "" for w in run.fleet}
     received = set()
     for task_id in unsettled:
-        where = [label for label, text in logs.items() if f"[{task_id}] received" in text]
+        since = (resent or {}).get(task_id, 0.0)
+        where = [
+            label
+            for label, text in logs.items()
+            for line in text.splitlines()
+            if f"[{task_id}] received" in line and _logged_at(line) >= since
+        ]
         if where:
             received.add(task_id)
             say(f"  unsettled task {task_id}: received by {', '.join(where)} (its log)")
+        elif since:
+            say(f"  unsettled task {task_id}: not received since its message was sent again")
     return set(unsettled) - received
+
+
+_RESENT_MARKS: Final = ("] retry: ", "event=sent-back task_id=", "go back to the broker: ")
+"""Worker log lines that send a task's message to the broker again: Celery's retry, a run's
+send-back in a ZooKeeper outage, the gate's give-back at the broker's bound (which names the
+task ids it gives back)."""
+
+
+def _resent(run: _Run, unsettled: Sequence[str]) -> dict[str, float]:
+    """The last instant (from the workers' logs) at which a worker sent each unsettled task's
+    message to the broker again, for the tasks for which one did."""
+    if run.fleet is None or not unsettled:
+        return {}
+    wanted = set(unsettled)
+    last: dict[str, float] = {}
+    for worker in run.fleet:
+        text = worker.log_text() if worker.log_path.exists() else ""
+        for line in text.splitlines():
+            if not any(mark in line for mark in _RESENT_MARKS):
+                continue
+            for task_id in wanted:
+                if task_id in line:
+                    last[task_id] = max(last.get(task_id, 0.0), _logged_at(line))
+    return last
+
+
+def _logged_at(line: str) -> float:
+    """The instant a worker's log line was written (``[YYYY-MM-DD HH:MM:SS,mmm: ...``, the
+    host's local time), or 0.0 for a line without one."""
+    try:
+        stamp = datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return 0.0
+    return stamp.timestamp()
 
 
 def _injector(config: LoadConfig, run: _Run) -> FaultInjector:

@@ -662,6 +662,29 @@ def test_a_message_a_worker_received_is_lost_whatever_broker_restart_came_before
     assert unknown.broker_dropped_task_ids == ("popped", "received") and unknown.lost == 0
 
 
+def test_a_message_sent_again_is_judged_by_its_last_copy() -> None:
+    # Both tasks were submitted at t=5 and received; each was then sent to the broker again (a
+    # retry, a send-back, a give-back) and not received since. "retried" was sent again at
+    # t=9, before the broker restart ended (t=10.1): its copy may have been popped by a worker
+    # whose connection the restart cut; "late" at t=30, long after it: the restart cannot
+    # have dropped that copy, so it is lost.
+    events = [ev("enter", "ran", token=1, time=1.0), ev("exit", "ran", token=1, time=1.5)]
+    submitted = {"ran": 0.0, "retried": 5.0, "late": 5.0}
+    restart = FaultRecord("broker_restart", 10.0, "broker", True, "down 0.1 s", ended=10.1)
+    report = check_run(
+        submitted=submitted,
+        outcomes={"ran": TaskOutcome("ran", "SUCCESS")},
+        events=events,
+        faults=[restart],
+        leftover_nodes=0,
+        never_delivered={"retried", "late"},
+        never_received={"retried", "late"},
+        resent={"retried": 9.0, "late": 30.0},
+    )
+    assert report.broker_dropped_task_ids == ("retried",)
+    assert report.lost_task_ids == ("late",) and not report.ok
+
+
 def test_unrelated_tasks_count_as_tasks_and_report_their_latency() -> None:
     events = section("a", 1)
     submitted = {"a": 0.0, **{f"u{i}": float(i) for i in range(100)}}
@@ -965,3 +988,13 @@ def test_find_admission_reads_the_newest_admission_of_this_run_whatever_its_name
     assert find_admission(zk_client, lock_root, "t", 7, 0) is not None
     assert find_admission(zk_client, lock_root, "nobody", 7, 0) is None
     assert find_admission(zk_client, f"{lock_root}/none", "t", 7, 1) is None
+
+
+def test_worker_log_instants_are_read_as_the_host_writes_them() -> None:
+    from datetime import datetime
+
+    from workers.loadtest import _logged_at
+
+    line = "[2026-11-28 05:05:58,867: INFO/MainProcess] Task t[x] retry: Retry in 5.0s"
+    assert _logged_at(line) == datetime(2026, 11, 28, 5, 5, 58, 867000).timestamp()
+    assert _logged_at("Traceback (most recent call last):") == 0.0
