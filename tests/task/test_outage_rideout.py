@@ -2,7 +2,8 @@
 the library's defaults, a standalone ZooKeeper SIGKILLed for longer than five session timeouts
 (and 20 s), then started again on the same port and data. Locked calls ride the outage out at
 the workers' gates without pool slots, so plain tasks keep their speed; every call runs once
-after the return, none beside another; the holder does not end SUCCESS."""
+after the return, none beside another; the holder does not end SUCCESS, and a holder with
+``lock_on_lost="retry"`` runs again once ZooKeeper answers (not while it is away)."""
 
 from __future__ import annotations
 
@@ -47,14 +48,16 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
     taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
 ) -> None:
     app, env, tmp = taskenv
-    from tests.taskapp import exclusive_section, gated_section, unlocked_noop
+    from tests.taskapp import exclusive_section, gated_section, gated_step, unlocked_noop
 
     server = zk_stack_factory.server()
     env = {**env, "ZKLOCK_HOSTS": server.hosts}
     queues = ["q0", "q0"]
     with workers(app, "prefork", 2, env, tmp, prefix="outage", queues=queues):
         holder = gated_section.apply_async(("o", 300.0), queue="q0")
+        retrying = gated_step.apply_async(("r", 0, 300.0), queue="q0", zklock={"on_lost": "retry"})
         wait_for(lambda: _enters(tmp / "witness-o")[holder.id] == 1, 30, "the holder to hold")
+        wait_for(lambda: len(read_records(tmp / "steps-r")) == 1, 30, "the retrying holder")
         waiting = [gated_section.apply_async(("o", 0.2), queue="q0") for _ in range(3)]
         wait_for(lambda: _held(app) == 3, 30, "the gates to hold the waiting calls")
 
@@ -72,6 +75,7 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
                     exclusive_section.apply_async((f"skip{len(during)}", 0.1), queue="q0")
                 )
             time.sleep(PLAIN_EVERY)
+        (tmp / "release-r").touch()  # its run after the outage ends at once
         server.restart()
         back = time.time()
         time.sleep(1.0)  # the issue's timeline: fresh keys sent 1 s after the return
@@ -84,6 +88,7 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
             call.get(timeout=max(1.0, back + 120 - time.time()))
         with pytest.raises(Exception):  # noqa: B017  (LockLost, or any failure but SUCCESS)
             holder.get(timeout=60)
+        assert retrying.get(timeout=60) == 0
 
     p95 = latencies[int(0.95 * (len(latencies) - 1))]
     assert p95 <= 2.0, f"plain tasks during the outage: p95 {p95:.2f}s ({latencies[-5:]})"
@@ -100,3 +105,7 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
         record["end"] for i in range(10) for record in read_records(tmp / f"gated-done-fresh{i}")
     ]
     assert len(ends) == 10 and max(ends) - back <= 10.0, [round(e - back, 1) for e in ends]
+    steps = read_records(tmp / "steps-r")
+    starts = [r for r in steps if r["at"] == "start"]
+    assert len(starts) == 2 and steps[-1]["at"] == "end", steps  # interrupted, then run again
+    assert starts[1]["token"] > starts[0]["token"]
