@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from celery_zklock.testing import cli
 from celery_zklock.testing import drill as drill_steps
 from celery_zklock.testing.cli import build_parser, main
+from celery_zklock.testing.zookeeper import srvr
 from celery_zklock.zk.client import new_client
 from celery_zklock.zk.settings import ClientConfig
 
@@ -251,3 +252,24 @@ def test_the_drill_names_what_it_cannot_find() -> None:
     assert done.returncode == 1
     assert "no `celery-zklock stack up` with pid 999999999 runs" in done.stderr
     assert drill("outage", "0").returncode == 2  # not an outage: a usage error
+
+
+def test_zookeeper_comes_back_when_the_drill_command_goes_away(stack_up: type[StackUp]) -> None:
+    stack = stack_up("--no-redis")
+    port = int(stack.exports(1)["ZKLOCK_HOSTS"].rsplit(":", 1)[1])
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "celery_zklock.testing.cli", "stack", "outage", "2"]
+    command += ["--stack", str(stack.proc.pid)]
+    interrupted = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert interrupted.stdout is not None
+    assert "killed" in interrupted.stdout.readline()
+    interrupted.kill()  # the operator's Ctrl-C, mid-outage
+    interrupted.wait(10)
+    interrupted.stdout.close()
+    assert srvr(port) is None  # still down
+    deadline = time.monotonic() + 30
+    while srvr(port) is None:
+        assert time.monotonic() < deadline, "ZooKeeper did not come back"
+        time.sleep(0.05)
+    assert "Mode: standalone" in (srvr(port) or "")
+    assert stack.proc.poll() is None  # stack up runs on
