@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
 from celery_zklock.locks import MultiLease
+from celery_zklock.locks.rate import Rate
 from celery_zklock.task.options import request_overrides
 from celery_zklock.testing import introspect  # noqa: F401  (the zklock_live command)
 from celery_zklock.testing.witness import Witness
@@ -463,3 +464,15 @@ def preempting_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     record = {"task_id": request.id, "retries": request.retries, "token": self.lock.token}
     _append(DIR / f"preempt-starts-{key}", record)
     return _section(self, key, "exclusive", hold_s)
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="throttled", lock_key=["key"], lock_on_busy="wait",
+    lock_rate=Rate(1, 3.0), lock_timeout=60,
+)  # fmt: skip
+def throttled(self: Any, key: str, seq: int) -> int:
+    """One run per 3 s per key, waiting for its window (the throttle): records its start."""
+    request = self.request
+    record = {"seq": seq, "start": time.time(), "retries": request.retries, "task_id": request.id}
+    _append(DIR / f"throttled-{key}", record)
+    return seq

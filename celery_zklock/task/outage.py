@@ -4,10 +4,11 @@ With ``lock_on_unavailable="wait"`` (the default) a locked call that cannot reac
 not spend its retries nor keep a pool slot: the worker's gate holds it while its own client is
 disconnected (:mod:`celery_zklock.worker.gate`), and a run in the pool that finds ZooKeeper
 unreachable ends at once, without a state, after sending its message back under the same task
-id and retry count (:func:`send_back`; a retry it is not), so that a gate holds it. The message
-carries since when the call has met the outage (:data:`UNAVAILABLE_SINCE`); once the outage
-budget (``zklock_outage_budget``, at most the gate's broker bound) has passed since then, the
-``unavailable`` policy applies as without riding out: a retry with ``ZooKeeperUnavailable``.
+id and retry count (:mod:`celery_zklock.task.sendback`; a retry it is not), so that a gate holds
+it. The message carries since when the call has met the outage (:data:`UNAVAILABLE_SINCE`);
+once the outage budget (``zklock_outage_budget``, at most the gate's broker bound) has passed
+since then, the ``unavailable`` policy applies as without riding out: a retry with
+``ZooKeeperUnavailable``.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
-from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
+
+from celery_zklock.task.sendback import SentBack, header_number, send_back
 
 __all__ = [
     "SEND_BACK_AFTER",
     "UNAVAILABLE_SINCE",
-    "SentBack",
-    "send_back",
+    "ride_out",
     "unavailable_since",
     "wait_connected",
 ]
@@ -36,34 +37,22 @@ SEND_BACK_AFTER: Final = 1.0
 gate is connected but whose pool process is not yet does not spin on it."""
 
 
-class SentBack(Ignore):  # type: ignore[misc]
-    """The run ended without a state: its call was sent back to ride the outage out."""
-
-
 def unavailable_since(request: Any) -> float | None:
     """When the call of ``request`` first met the outage, if it did (its message says so, or
     the gate that handed it to the pool past the budget)."""
-    value = getattr(request, UNAVAILABLE_SINCE, None)
-    if value is None:
-        headers = getattr(request, "headers", None)
-        value = headers.get(UNAVAILABLE_SINCE) if isinstance(headers, dict) else None
-    return float(value) if isinstance(value, (int, float)) else None
+    return header_number(request, UNAVAILABLE_SINCE)
 
 
-def send_back(task: Any, request: Any, since: float) -> SentBack:
-    """Publish the call of ``request`` again (same task id, arguments, options, retry count and
-    generation; ETA :data:`SEND_BACK_AFTER` from now) carrying ``since``; returns the
-    :class:`SentBack` for the run to raise, which acknowledges this message."""
-    signature = task.signature_from_request(request, countdown=SEND_BACK_AFTER)
-    headers = dict(signature.options.get("headers") or {})
-    headers[UNAVAILABLE_SINCE] = since
-    signature.options["headers"] = headers
-    signature.apply_async()
+def ride_out(task: Any, request: Any, since: float, due: float | None) -> SentBack:
+    """Send the call of ``request`` back (:func:`~celery_zklock.task.sendback.send_back`)
+    carrying ``since``, to wait at a gate for ZooKeeper; the :class:`SentBack` to raise."""
     waited = time.time() - since
-    return SentBack(
-        f"task {task.name!r} [{request.id}]: ZooKeeper unreachable for {waited:.1f}s; the call "
-        "was sent back to wait at a worker's gate until it answers"
+    reason = (
+        f"ZooKeeper unreachable for {waited:.1f}s; the call was sent back to wait at a "
+        "worker's gate until it answers"
     )
+    headers = {UNAVAILABLE_SINCE: since}
+    return send_back(task, request, SEND_BACK_AFTER, reason, headers, due)
 
 
 def wait_connected(client: KazooClient, timeout: float) -> bool:

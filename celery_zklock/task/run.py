@@ -37,13 +37,13 @@ from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
-from celery_zklock.task import canvas, delivery, outage, visibility
+from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
 from celery_zklock.task.generation import is_newer
 from celery_zklock.task.generation import of_run as generation_of_run
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
-from celery_zklock.task.metrics import count_rate
+from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
     RECEIPT_FIELD,
     LockOptions,
@@ -88,6 +88,15 @@ def fence_of(lease: Held) -> int | tuple[int, ...]:
     return lease.token
 
 
+def loss_code(lease: Held) -> LossCode | None:
+    """Why ``lease`` was lost, as the run tells it: the lease's code, except that a break
+    asked by a newer ``preempt`` call (:data:`PREEMPTED` in its reason) is ``PREEMPTED``."""
+    code = lease.lost_code
+    if code is LossCode.BROKEN and PREEMPTED in (lease.lost_reason or ""):
+        return LossCode.PREEMPTED
+    return code
+
+
 class LockedRun:
     """One call of a locked task; see the module docstring. Use once: :meth:`run`."""
 
@@ -126,7 +135,7 @@ class LockedRun:
         except delivery.DuplicateDelivery:
             keep_marker = True  # the marker names this task id, but the original's run owns it
             raise
-        except outage.SentBack:
+        except sendback.SentBack:
             keep_marker = True  # the message sent back carries this task id: the marker is its
             raise
         finally:
@@ -161,6 +170,10 @@ class LockedRun:
         return Mutex(client, self.path, kind=kind)
 
     def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
+        if self.options.debounce is not None and self.in_worker and not self.request.retries:
+            debounced = debounce.before_lock(self, client)  # or sent back to wait its window
+            if debounced is not None:
+                return debounced
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
@@ -176,11 +189,11 @@ class LockedRun:
             self._release()
         if lease.lost:
             self._apply(
-                "lost",
+                "preempted" if loss_code(lease) is LossCode.PREEMPTED else "lost",
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
                 f"{fence_of(lease)}) was lost while the task ran: {lease.lost_reason}",
-                code=lease.lost_code,
+                code=loss_code(lease),
             )
         return result
 
@@ -222,7 +235,8 @@ class LockedRun:
             since = outage.unavailable_since(self.request) or now
             if now - since < gate_config(self.task.app.conf).outage_budget:
                 self._log("sent-back", self.path, unavailable_for=round(now - since, 1))
-                raise outage.send_back(self.task, self.request, since) from cause
+                due = received_at(self.request)
+                raise outage.ride_out(self.task, self.request, since, due) from cause
         if policy == "wait":
             policy = "retry"  # the budget is spent (or no worker): as without riding out
         self._apply("unavailable", policy, f"task {self.task.name!r}: {message}", cause=cause)
@@ -302,7 +316,10 @@ class LockedRun:
     def _sent_back(self) -> bool:
         """Whether this message was sent back to ride an outage out: published before the run
         that sent it was acknowledged, which a worker dying between the two leaves behind."""
-        return outage.unavailable_since(self.request) is not None
+        request = self.request
+        return (
+            outage.unavailable_since(request) is not None or sendback.first_due(request) is not None
+        )
 
     def _outlived_the_broker_bound(self) -> bool:
         """Whether this message reached its worker longer ago than the broker's redelivery
@@ -339,6 +356,8 @@ class LockedRun:
         visibility.waiting(self.task, self.path, holder_id)
         budget = self._wait_timeout()
         try:
+            if policy == "replace":
+                return self._wait_replacing(client, side, identity, budget)
             self.lease = side.acquire(timeout=budget, data=identity)
             return None
         except LockTimeout:
@@ -351,6 +370,24 @@ class LockedRun:
                 f"{self.options.timeout}s (held by task {holder_id})",
                 holder_id,
             )
+
+    def _wait_replacing(
+        self, client: KazooClient, side: Mutex | MultiLock, identity: bytes, budget: float | None
+    ) -> Any:
+        """``replace``: wait as the key's one waiting call (:mod:`celery_zklock.task.replace`):
+        the lock into ``self.lease``, or a skip (reason ``replaced``) naming the newer call."""
+        assert isinstance(side, Mutex)  # one key: several keys refuse `replace`
+        waiter = replace.Waiter(client, side.path, self.task_id, self.generation)
+        try:
+            self.lease = waiter.acquire(side, budget, identity)
+        finally:
+            waiter.close()
+        if self.lease is not None:
+            return None
+        count_outcome(self.task.name, "replaced")
+        by = waiter.replaced_by
+        message = f"task {self.task.name!r}: a newer call {by} replaced it as the waiting call"
+        return self._apply("replaced", "skip", f"{message} of lock {self.path}", by)
 
     def _newer_call(self, queue: list[Contender]) -> Contender | None:
         """``preempt``: the first node in ``queue`` of a newer call of this task (its
@@ -434,6 +471,8 @@ class LockedRun:
                 raise self.task.retry(exc=RateLimited(message), countdown=opens_in)
             if policy not in ("wait", "preempt"):  # a rate is not a holder to preempt
                 return self._apply("rate", policy, message)
+            if self.in_worker:
+                return self._wait_for_window(opens_in, message)
             if limit.acquire(timeout=self._wait_timeout(), data=identity):
                 count_rate(self.task.name, True)
                 return None
@@ -441,6 +480,20 @@ class LockedRun:
             self._unavailable(f"ZooKeeper failed while admitting under the rate of {self.path}: "
                               f"{exc}", exc)  # fmt: skip
         return self._apply("timeout", self.options.on_timeout, f"{message}; lock_timeout passed")
+
+    def _wait_for_window(self, opens_in: float, message: str) -> Any:
+        """The throttle: a ``wait`` call over its rate waits for its window without a pool slot
+        and without its lock, sent back to come again when the window opens
+        (:mod:`celery_zklock.task.sendback`; not a retry). Its ``lock_timeout`` counts from when
+        it first reached a gate: a window that opens after it applies ``lock_on_timeout`` now."""
+        due = received_at(self.request) or time.time()
+        timeout = self.options.timeout
+        if timeout is not None and time.time() + opens_in > due + timeout:
+            return self._apply("timeout", self.options.on_timeout,
+                               f"{message}; that is past its lock_timeout")  # fmt: skip
+        self._log("rate-waits", self.path, opens_in=round(opens_in, 3))
+        reason = f"over the rate of lock {self.path}: sent back to come again in {opens_in:.3f}s"
+        raise sendback.send_back(self.task, self.request, opens_in, reason, due=due)
 
     # -- hold and release -----------------------------------------------------------------
     def _hold(self, lease: Held, body: Callable[[], Any]) -> Any:
@@ -460,7 +513,7 @@ class LockedRun:
                 if interruption is not None:
                     interruption.fire(reason)
                 emit(task, "lost", path, task_id=task_id, token=fence_of(lease), reason=reason,
-                     code=lease.lost_code)  # fmt: skip
+                     code=loss_code(lease))  # fmt: skip
             finally:
                 told.set()
 
@@ -504,7 +557,7 @@ class LockedRun:
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
                 emit(self.task, "lost", self.path, task_id=self.task_id, token=fence_of(lease),
-                     reason=lease.lost_reason, code=lease.lost_code)  # fmt: skip
+                     reason=lease.lost_reason, code=loss_code(lease))  # fmt: skip
             held = time.monotonic() - self.granted_at
             emit(self.task, "released", self.path, task_id=self.task_id, token=fence_of(lease),
                  held=held, lost=lease.lost)  # fmt: skip

@@ -55,7 +55,7 @@ from kazoo.protocol.states import KazooState, WatchedEvent
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
 from celery_zklock.locks.identity import parse_identity
-from celery_zklock.task import outage, visibility
+from celery_zklock.task import outage, sendback, visibility
 from celery_zklock.task.metrics import count_held
 from celery_zklock.task.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
 from celery_zklock.task.task import ZkLockTask
@@ -72,6 +72,10 @@ RECHECK_EVERY: Final = 0.05
 REVOKED_LOOK_EVERY: Final = 1.0
 """Seconds between looks at every held message's revocation when the worker's set of revoked
 ids did not visibly change (at its size limit an addition does not change its length)."""
+SENT_BACK_SETTLE: Final = 0.2
+"""Seconds a call its run sent back waits at the gate before it may go to the pool: the calls
+sent back with it (due at the same instant, their ETAs a few milliseconds apart) come in
+meanwhile, and the line takes them by when each first reached a gate."""
 RECONNECT_EVERY: Final = 5.0
 """Seconds between the gate's attempts to connect when ZooKeeper was unreachable at start."""
 
@@ -185,11 +189,17 @@ class Gate:
         connected = self._away_since is None and self.client is not None and self.client.connected
         received = request.request_dict.get(RECEIPT_FIELD)
         due = self._given_back.pop(request.id, (now, now))[0]
+        first = sendback.first_due(request)  # sent back by a run: its place is its first one's
+        due = due if first is None else min(due, first)
         held = Held(request, kind, due, bound_at=_number(received, now) + self.config.max_hold)
         held.waits = waits
+        if first is not None:
+            held.not_before = now + SENT_BACK_SETTLE
         if timeout is not None and waits:
             held.timeout_at = due + timeout
-        if not line.held and line.queue is not None and line.watched:
+        # A call sent back (the throttle, an outage) does not go at once: others sent back with
+        # it, due at the same instant, are taken in first, and the first made goes first.
+        if first is None and not line.held and line.queue is not None and line.watched:
             line.forget_ended(_running)
             free = self._pool_free() + 1  # this request is counted as in the pool already
             if free > 0 and may_enter(kind, line.queue, [k for _, k in line.sent]):
@@ -197,7 +207,7 @@ class Gate:
         if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
             give_back([request])
             return None
-        self._hold(line, held)
+        self._hold(line, held, in_place=first is not None)
         if connected and not line.reading and (line.queue is None or not line.watched):
             self._read(line)
         return None
@@ -222,11 +232,17 @@ class Gate:
             return None
         return path, options.lock_kind, options.timeout, waits
 
-    def _hold(self, line: KeyLine, held: Held) -> None:
+    def _hold(self, line: KeyLine, held: Held, in_place: bool = False) -> None:
+        """Hold ``held`` at the end of its line, or ``in_place`` by when it first reached a
+        gate (a call its run sent back; one given back at the broker's bound re-enters behind
+        the calls received meanwhile, as documented)."""
         if self.held < self.config.max_held:
             self.consumer.qos.increment_eventually()
             held.raised_prefetch = True
-        line.held.append(held)
+        if in_place:
+            line.add(held)
+        else:
+            line.held.append(held)
         self._next_due = min(self._next_due, held.next_at)
         count_held(held.request.name, 1)
         if line.holder is not None:
@@ -270,7 +286,7 @@ class Gate:
     def _advance(self, line: KeyLine) -> None:
         line.forget_ended(_running)
         # The pool's count (a sum over the lines) only for a line whose head could go.
-        while line.head_ready() and self._pool_free() > 0:
+        while line.head_ready(time.time()) and self._pool_free() > 0:
             self._dispatch(line, line.held.popleft())
         if line.idle:
             self.lines.pop(line.path, None)

@@ -40,6 +40,9 @@ class Held:
     raised_prefetch: bool = False
     told: bool = False
     waits: bool = True
+    not_before: float = 0.0
+    """It may not go to the pool before this instant (a call sent back by its run waits for
+    the others sent back with it, so that the first made goes first)."""
 
     @property
     def next_at(self) -> float:
@@ -81,15 +84,26 @@ class KeyLine:
     holder: str | None = None
     """That node's task id ("" when it is not a task run's), once read."""
 
+    def add(self, held: Held) -> None:
+        """Put ``held`` in the line by when it reached a gate first: behind every message due
+        no later (a message sent back by its run keeps its first place)."""
+        if not self.held or self.held[-1].due <= held.due:
+            self.held.append(held)
+            return
+        at = next(i for i, other in enumerate(self.held) if other.due > held.due)
+        self.held.insert(at, held)
+
     def forget_ended(self, running: Callable[[Any], bool]) -> None:
         """Drop the sent runs for which ``running(request)`` is false (their run has ended)."""
         self.sent = [(request, kind) for request, kind in self.sent if running(request)]
 
-    def head_ready(self) -> bool:
-        """Whether the head of the line may go to the pool now (see :func:`may_enter`)."""
+    def head_ready(self, now: float = float("inf")) -> bool:
+        """Whether the head of the line may go to the pool at ``now`` (see :func:`may_enter`)."""
         if not self.held or self.queue is None:
             return False
         head = self.held[0]
+        if head.not_before > now:
+            return False
         return not head.waits or may_enter(head.kind, self.queue, [kind for _, kind in self.sent])
 
     def next_ready(self) -> Held | None:
