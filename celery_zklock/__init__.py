@@ -9,6 +9,7 @@ from celery_zklock.errors import (
     LockBusy,
     LockLost,
     LockTimeout,
+    Preempted,
     ZkLockError,
     ZooKeeperUnavailable,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "LockTimeout",
     "MultiLock",
     "Mutex",
+    "Preempted",
     "RateLimit",
     "ReadWriteLock",
     "Semaphore",

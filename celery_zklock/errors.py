@@ -27,6 +27,10 @@ class LossCode(str, enum.Enum):
     NODE_DELETED = "node_deleted"
     #: An operator asked the holder to let go (a break request in the node's data).
     BROKEN = "broken"
+    #: A newer call of ``lock_on_busy="preempt"`` asked the holder to let go (a break request
+    #: naming it): how the task layer tells a :class:`Preempted` run's loss (the lease itself
+    #: says ``BROKEN``).
+    PREEMPTED = "preempted"
 
     def __str__(self) -> str:
         return self.value
@@ -44,6 +48,13 @@ class LockLost(ZkLockError):
     def __init__(self, *args: object, code: LossCode | None = None) -> None:
         super().__init__(*args)
         self.code = code
+
+
+class Preempted(LockLost):
+    """The run's lock was taken over by a newer call of ``lock_on_busy="preempt"`` (the message
+    names it): the intended outcome, not a fault. Every ``ZkLockTask`` lists it in Celery's
+    ``throws``, so the worker logs it at INFO without a traceback, beside one WARNING line of
+    the ``lost`` event; the task ends FAILURE (or retries, under ``lock_on_lost="retry"``)."""
 
 
 class LockBusy(ZkLockError):

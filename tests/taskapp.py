@@ -476,3 +476,32 @@ def throttled(self: Any, key: str, seq: int) -> int:
     record = {"seq": seq, "start": time.time(), "retries": request.retries, "task_id": request.id}
     _append(DIR / f"throttled-{key}", record)
     return seq
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="debounced", lock_key=["key"], lock_debounce=1.0,
+    lock_debounce_max=3.0, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def debounced(self: Any, key: str, value: int) -> dict[str, Any]:
+    """A debounced task (1 s of quiet, at most 3 s a window): records each body that starts
+    (task id, value, when, worker) in ``debounced-<key>``."""
+    record = {"task_id": self.request.id, "value": value, "start": time.time(),
+              "worker": self.request.hostname}  # fmt: skip
+    _append(DIR / f"debounced-{key}", record)
+    return {"value": value}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="replacing", lock_key=["key"], lock_on_busy="replace",
+    lock_timeout=60, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def replacing(self: Any, key: str, seq: int, hold_s: float) -> int:
+    """A ``replace`` task: records each body that starts (task id, seq) in ``replacing-<key>``,
+    then holds one witnessed section of ``hold_s`` or until the file ``release-<key>`` exists."""
+    _append(DIR / f"replacing-{key}", {"task_id": self.request.id, "seq": seq})
+    holder = f"{self.request.id}-t{self.lock.token}"
+    with Witness(DIR / f"witness-{key}").section(holder, "write"):
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+            time.sleep(0.02)
+    return seq

@@ -1,7 +1,8 @@
 """Every lock under ``zklock_root`` that someone holds or waits for, with the admissions its
-rate limit recorded: what ``celery zklock locks`` lists. One lock is read by
+rate limit recorded and the calls its key's records name (a debounce window's latest call, a
+``replace`` key's waiting call): what ``celery zklock locks`` lists. One lock is read by
 :func:`celery_zklock.locks.holders.read_lock`, with the same :class:`~celery_zklock.locks.
-holders.LockState` model.
+holders.LockState` model (here a :class:`KeyState`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,21 @@ from kazoo.client import KazooClient
 from celery_zklock.locks.holders import READ_TIMEOUT, LockState, read_states
 from celery_zklock.locks.queue import pipelined
 from celery_zklock.locks.rate import ADMISSION_PREFIX, RATE_NODE
+from celery_zklock.task.latest import DEBOUNCE_NODE, WAITER_NODE, Record, parse
 from celery_zklock.zk.calls import Deadline
 
-__all__ = ["read_locks"]
+__all__ = ["KeyState", "read_locks"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyState(LockState):
+    """A lock as ``locks`` shows it: its :class:`~celery_zklock.locks.holders.LockState`, the
+    latest call of its key's open debounce window (``lock_debounce``) and its key's waiting
+    call (``lock_on_busy="replace"``), each a :class:`~celery_zklock.task.latest.Record` or
+    None."""
+
+    debounce: Record | None = None
+    waiting: Record | None = None
 
 
 def read_locks(
@@ -41,7 +54,21 @@ def read_locks(
         for key in sorted(found or ())
     ]
     states = _with_admissions(client, read_states(client, paths, deadline), deadline)
-    return [state for state in states if state.entries or state.admissions]
+    keys = _with_records(client, states, deadline)
+    return [k for k in keys if k.entries or k.admissions or k.debounce or k.waiting]
+
+
+def _with_records(
+    client: KazooClient, states: list[LockState], deadline: Deadline
+) -> list[KeyState]:
+    """``states`` with the calls their keys' records name (one round trip)."""
+    nodes = [f"{state.path}/{node}" for state in states for node in (DEBOUNCE_NODE, WAITER_NODE)]
+    read = pipelined(client, [("get", node) for node in nodes], deadline)
+    records = [None if answer is None else parse(*answer) for answer in read]
+    return [
+        KeyState(**vars(state), debounce=records[2 * i], waiting=records[2 * i + 1])
+        for i, state in enumerate(states)
+    ]
 
 
 def _with_admissions(

@@ -19,10 +19,15 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 
-OUTCOMES: Final = ("granted", "skipped", "timed_out", "busy_raised", "retried")
+OUTCOMES: Final = (
+    "granted", "skipped", "timed_out", "busy_raised", "retried", "debounced", "replaced",
+)  # fmt: skip
 """The ``outcome`` label of ``zklock_acquisitions_total``: one per attempt that got or gave up
-the lock (a ``wait`` ends as granted or timed_out)."""
-LOST_REASONS: Final = ("session_expired", "lease_clock", "node_deleted", "broken", "other")
+the lock (a ``wait`` ends as granted or timed_out; a ``replace`` wait as granted, timed_out or
+replaced), and one per call a newer call of its debounce window superseded (``debounced``)."""
+LOST_REASONS: Final = (
+    "session_expired", "lease_clock", "node_deleted", "broken", "preempted", "other",
+)  # fmt: skip
 """The ``reason`` label of ``zklock_lost_total``: the values of
 :class:`~celery_zklock.errors.LossCode`, and ``other``."""
 BUCKETS: Final = (
@@ -54,7 +59,8 @@ def lost_reason(code: object) -> str:
     ``lease_clock``: the lease clock ran out (no answer from the ZooKeeper leader in time, or
     the process was paused); ``session_expired``: the session behind the node expired or was
     replaced; ``node_deleted``: someone else deleted the lock node; ``broken``: an operator broke
-    it (``celery zklock break``); ``other``: a code this version does not know, None included.
+    it (``celery zklock break``); ``preempted``: a newer ``preempt`` call broke it; ``other``: a
+    code this version does not know, None included.
     """
     text = str(code) if isinstance(code, str) else ""
     return text if text in LOST_REASONS else "other"
@@ -241,6 +247,14 @@ def count_rate(task: str, admitted: bool) -> None:
     recorder = _recorder
     if recorder is not None:
         recorder.rate.labels(task=task, outcome="admitted" if admitted else "refused").inc()
+
+
+def count_outcome(task: str, outcome: str) -> None:
+    """An attempt of ``task`` ended as ``outcome`` (one of :data:`OUTCOMES`) without a signal
+    that tells it: ``debounced``, ``replaced``."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.outcome(task, outcome)
 
 
 def count_held(task: str, change: int) -> None:

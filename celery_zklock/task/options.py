@@ -26,6 +26,7 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import READ, WRITE, LockKind, lease_kind
 from celery_zklock.locks.rate import Rate, parse_rate
 from celery_zklock.task.keys import KeyBuilder, LockKeySpec, SeveralKeys, check_lock_key_spec
+from celery_zklock.task.policy import expect_preempted
 from celery_zklock.zk.validate import forbidden_in_znode, positive_int, seconds
 
 __all__ = [
@@ -71,7 +72,7 @@ __all__ = [
 ]
 
 LockMode = Literal["exclusive", "shared", "semaphore"]
-OnBusy = Literal["skip", "wait", "retry", "raise", "preempt"]
+OnBusy = Literal["skip", "wait", "retry", "raise", "preempt", "replace"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
 OnUnavailable = Literal["wait", "retry", "raise"]
@@ -95,6 +96,7 @@ DEFAULT_ON_UNAVAILABLE: Final[OnUnavailable] = "wait"
 DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
 DEFAULT_DEDUPE_TTL: Final[float] = 3600.0
 DEFAULT_DEDUPE_UNAVAILABLE: Final[DedupeUnavailable] = "raise"
+DEFAULT_DEBOUNCE_MAX: Final[float] = 30.0
 
 MAX_LOCK_NAME_LENGTH: Final = 255
 """Longest accepted lock name (one znode path segment)."""
@@ -144,6 +146,10 @@ OPTIONS: Final[Mapping[str, OptionRule]] = MappingProxyType(
         "dedupe_ttl": OptionRule(True, lambda n, label, v: _positive(n.context, label, v)),
         "dedupe_unavailable": OptionRule(True, _choice_of(DEDUPE_UNAVAILABLE_POLICIES)),
         "rate": OptionRule(True, lambda n, label, v: _rate(n.context, label, v)),
+        "debounce": OptionRule(False, lambda n, label, v: _optional_positive(n.context, label, v)),
+        "debounce_max": OptionRule(
+            False, lambda n, label, v: _optional_positive(n.context, label, v)
+        ),
     }
 )
 """Every lock option (a :class:`LockOptions` field), the one table the task attributes, the
@@ -211,8 +217,11 @@ class LockOptions:
     on_busy: OnBusy = DEFAULT_ON_BUSY
     """``lock_on_busy``, when the lock is held by another: ``skip`` (end SUCCESS with a skip
     result, body not run), ``wait`` (block up to ``timeout``), ``retry`` (``self.retry`` after
-    ``retry_countdown``), ``raise`` (fail with ``LockBusy``) or ``preempt`` (ask the holders to
-    end, as ``celery zklock break`` does, then wait up to ``timeout``: the newest call wins)."""
+    ``retry_countdown``), ``raise`` (fail with ``LockBusy``), ``preempt`` (ask the holders to
+    end, as ``celery zklock break`` does, then wait up to ``timeout``: the newest call wins) or
+    ``replace`` (wait up to ``timeout`` as the key's one waiting call: a newer call replaces
+    it, and the replaced one is skipped, reason ``replaced``; see
+    :mod:`celery_zklock.task.replace`)."""
 
     timeout: float | None = DEFAULT_TIMEOUT
     """``lock_timeout``: seconds a ``wait`` may last, ``>= 0``; ``None`` (only when given
@@ -271,6 +280,25 @@ class LockOptions:
     (``"10/s"``, ``"100/m"``, ``"1/h"``; see :class:`~celery_zklock.RateLimit`), or None. A run
     is admitted once it holds its lock; over the rate, ``on_busy`` applies (reason ``rate``)."""
 
+    debounce: float | None = None
+    """``lock_debounce``: seconds of quiet (see :mod:`celery_zklock.task.debounce`), or None.
+    Calls of one key coalesce fleet-wide: one run, with the last call's arguments, once no call
+    of the key came for this long (or ``debounce_max`` after the window's first call); every
+    other call is skipped (reason ``debounced``). Exclusive mode only; not per call."""
+
+    debounce_max: float | None = None
+    """``lock_debounce_max``: the longest a debounce window lasts from its first call, in
+    seconds, ``>= lock_debounce``; None: :data:`DEFAULT_DEBOUNCE_MAX`, or ``lock_debounce``
+    where that is longer. Only with ``lock_debounce``."""
+
+    @property
+    def debounce_cap(self) -> float:
+        """The window's cap in seconds (``debounce_max`` or its default); needs ``debounce``."""
+        assert self.debounce is not None
+        if self.debounce_max is not None:
+            return self.debounce_max
+        return max(DEFAULT_DEBOUNCE_MAX, self.debounce)
+
     def __post_init__(self) -> None:
         naming = _naming.get() or Naming(str(self.name), f"LockOptions(name={self.name!r})")
         for field, rule in OPTIONS.items():
@@ -278,6 +306,7 @@ class LockOptions:
             object.__setattr__(self, field, value)
         _check_limit_with_mode(naming, self.mode, self.limit)
         _check_several_keys(naming, self)
+        _check_debounce_and_replace(naming, self)
 
 
 def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
@@ -429,6 +458,10 @@ def _rate(context: str, label: str, value: object) -> Rate | None:
     return None if value is None else parse_rate(value, f"{context}: {label}")
 
 
+def _optional_positive(context: str, label: str, value: object) -> float | None:
+    return None if value is None else seconds(f"{context}: {label}", value)
+
+
 def _limit(context: str, label: str, value: object) -> int | None:
     return None if value is None else positive_int(f"{context}: {label}", value)
 
@@ -455,6 +488,58 @@ def _check_several_keys(naming: Naming, options: LockOptions) -> None:
             f"together and exclusively, and {', '.join(refused)} works on one key's lock: drop "
             "it, or lock one key per task"
         )
+
+
+def _check_debounce_and_replace(naming: Naming, options: LockOptions) -> None:
+    """What ``lock_debounce`` and ``lock_on_busy="replace"`` combine with, refused when the
+    task is defined (or, for a per-call ``on_busy``, when the call is made): both work on one
+    exclusive key, and a dedupe marker would keep the *first* call where they keep the last."""
+    label = naming.label
+    debounce, replace = options.debounce, options.on_busy == "replace"
+    if debounce is None and options.debounce_max is not None:
+        raise ConfigurationError(
+            f"{naming.context}: {label('debounce_max')}={options.debounce_max} is the cap of a "
+            f"debounce window: set {label('debounce')} (seconds of quiet) too, or drop it"
+        )
+    for name, on in (("debounce", debounce is not None), ("on_busy", replace)):
+        if not on:
+            continue
+        what = f"{label(name)}={getattr(options, name)!r}"
+        refused = [
+            (f"{label('mode')}={options.mode!r}", "works on one exclusive key: use "
+             f"{label('mode')}='exclusive'") if options.mode != "exclusive" else None,
+            (f"{label('dedupe')}={options.dedupe!r}", "keeps the newest call, and "
+             f"deduplication keeps the oldest: drop {label('dedupe')}") if options.dedupe else None,
+            (f"{label('key')} with several keys", "works on one key's lock: lock one key per "
+             "task") if _several(options.key) else None,
+        ]  # fmt: skip
+        problem = next((r for r in refused if r is not None), None)
+        if problem is not None:
+            raise ConfigurationError(f"{naming.context}: {what} with {problem[0]}: {what} "
+                                     f"{problem[1]}")  # fmt: skip
+    if replace and options.rate is not None:
+        raise ConfigurationError(
+            f"{naming.context}: {label('on_busy')}='replace' with {label('rate')}="
+            f"'{options.rate}' is not defined: over the rate use 'wait', or drop the rate"
+        )
+    if debounce is None:
+        return
+    if options.on_busy in ("skip", "raise"):
+        raise ConfigurationError(
+            f"{naming.context}: {label('debounce')}={debounce} with {label('on_busy')}="
+            f"{options.on_busy!r}: the call that ends the window would be dropped when the lock "
+            "is busy, and with it the last call's arguments; use 'wait' (the default), "
+            "'replace', 'retry' or 'preempt'"
+        )
+    if options.debounce_max is not None and options.debounce_max < debounce:
+        raise ConfigurationError(
+            f"{naming.context}: {label('debounce_max')}={options.debounce_max} is shorter than "
+            f"{label('debounce')}={debounce}: the cap of a window is at least its quiet period"
+        )
+
+
+def _several(key: object) -> bool:
+    return isinstance(key, SeveralKeys) and len(key.parameters) > 1
 
 
 def _check_limit_with_mode(naming: Naming, mode: str, limit: int | None) -> None:
@@ -526,6 +611,7 @@ class TaskLockSpec:
         attrs["lock_key"] = keys.lock_key
         spec = cls(name, options_from_task(name, attrs), keys)
         check_redelivery(name, task_class)
+        expect_preempted(task_class)
         return spec
 
     def for_call(self, overrides: Mapping[str, object] | None) -> LockOptions:

@@ -37,13 +37,13 @@ from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
-from celery_zklock.task import canvas, delivery, outage, sendback, visibility
+from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
 from celery_zklock.task.generation import is_newer
 from celery_zklock.task.generation import of_run as generation_of_run
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
-from celery_zklock.task.metrics import count_rate
+from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
     RECEIPT_FIELD,
     LockOptions,
@@ -86,6 +86,15 @@ def fence_of(lease: Held) -> int | tuple[int, ...]:
     if isinstance(lease, MultiLease):
         return tuple(lease.tokens.values())
     return lease.token
+
+
+def loss_code(lease: Held) -> LossCode | None:
+    """Why ``lease`` was lost, as the run tells it: the lease's code, except that a break
+    asked by a newer ``preempt`` call (:data:`PREEMPTED` in its reason) is ``PREEMPTED``."""
+    code = lease.lost_code
+    if code is LossCode.BROKEN and PREEMPTED in (lease.lost_reason or ""):
+        return LossCode.PREEMPTED
+    return code
 
 
 class LockedRun:
@@ -161,6 +170,10 @@ class LockedRun:
         return Mutex(client, self.path, kind=kind)
 
     def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
+        if self.options.debounce is not None and self.in_worker and not self.request.retries:
+            debounced = debounce.before_lock(self, client)  # or sent back to wait its window
+            if debounced is not None:
+                return debounced
         try:
             skipped = self._acquire(client, side)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
@@ -176,11 +189,11 @@ class LockedRun:
             self._release()
         if lease.lost:
             self._apply(
-                "lost",
+                "preempted" if loss_code(lease) is LossCode.PREEMPTED else "lost",
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
                 f"{fence_of(lease)}) was lost while the task ran: {lease.lost_reason}",
-                code=lease.lost_code,
+                code=loss_code(lease),
             )
         return result
 
@@ -343,6 +356,8 @@ class LockedRun:
         visibility.waiting(self.task, self.path, holder_id)
         budget = self._wait_timeout()
         try:
+            if policy == "replace":
+                return self._wait_replacing(client, side, identity, budget)
             self.lease = side.acquire(timeout=budget, data=identity)
             return None
         except LockTimeout:
@@ -355,6 +370,24 @@ class LockedRun:
                 f"{self.options.timeout}s (held by task {holder_id})",
                 holder_id,
             )
+
+    def _wait_replacing(
+        self, client: KazooClient, side: Mutex | MultiLock, identity: bytes, budget: float | None
+    ) -> Any:
+        """``replace``: wait as the key's one waiting call (:mod:`celery_zklock.task.replace`):
+        the lock into ``self.lease``, or a skip (reason ``replaced``) naming the newer call."""
+        assert isinstance(side, Mutex)  # one key: several keys refuse `replace`
+        waiter = replace.Waiter(client, side.path, self.task_id, self.generation)
+        try:
+            self.lease = waiter.acquire(side, budget, identity)
+        finally:
+            waiter.close()
+        if self.lease is not None:
+            return None
+        count_outcome(self.task.name, "replaced")
+        by = waiter.replaced_by
+        message = f"task {self.task.name!r}: a newer call {by} replaced it as the waiting call"
+        return self._apply("replaced", "skip", f"{message} of lock {self.path}", by)
 
     def _newer_call(self, queue: list[Contender]) -> Contender | None:
         """``preempt``: the first node in ``queue`` of a newer call of this task (its
@@ -480,7 +513,7 @@ class LockedRun:
                 if interruption is not None:
                     interruption.fire(reason)
                 emit(task, "lost", path, task_id=task_id, token=fence_of(lease), reason=reason,
-                     code=lease.lost_code)  # fmt: skip
+                     code=loss_code(lease))  # fmt: skip
             finally:
                 told.set()
 
@@ -524,7 +557,7 @@ class LockedRun:
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
                 emit(self.task, "lost", self.path, task_id=self.task_id, token=fence_of(lease),
-                     reason=lease.lost_reason, code=lease.lost_code)  # fmt: skip
+                     reason=lease.lost_reason, code=loss_code(lease))  # fmt: skip
             held = time.monotonic() - self.granted_at
             emit(self.task, "released", self.path, task_id=self.task_id, token=fence_of(lease),
                  held=held, lost=lease.lost)  # fmt: skip

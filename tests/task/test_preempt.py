@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from celery_zklock import LockLost, Mutex, is_skipped
+from celery_zklock import LockLost, Mutex, Preempted, is_skipped
 from celery_zklock.errors import LossCode
 from celery_zklock.locks.identity import parse_identity
 from celery_zklock.testing.witness import check_witness
@@ -34,12 +34,23 @@ def test_a_newer_call_ends_the_holder_first(taskenv: tuple[Celery, dict[str, str
         newer = gated_section.apply_async(
             ("pk", 0.2), queue=worker.queue, zklock={"on_busy": "preempt"}
         )
-        with pytest.raises(LockLost, match="preempted by a newer call") as lost:
+        with pytest.raises(Preempted, match="preempted by a newer call") as lost:
             older.get(timeout=30)
         ended = time.monotonic() - sent
+        assert isinstance(lost.value, LockLost)  # what code written for round 3 catches
         assert newer.id in str(lost.value)  # it names the preempting task
         token = newer.get(timeout=30)["token"]
+        log = worker.log_text()
     assert ended < 10, ended
+    # The intended outcome pages nobody: Celery's line is INFO without a traceback, and the
+    # one WARNING is the lock's own, naming the newer call.
+    ends = [line for line in log.splitlines() if f"[{older.id}]" in line and "raised" in line]
+    assert len(ends) == 1 and "INFO" in ends[0] and "raised expected: Preempted" in ends[0], ends
+    assert "Traceback" not in log
+    lost_lines = [line for line in log.splitlines() if f"task_id={older.id}" in line
+                  and "event=lost" in line]  # fmt: skip
+    assert len(lost_lines) == 1 and "WARNING" in lost_lines[0], lost_lines
+    assert "code=preempted" in lost_lines[0] and newer.id in lost_lines[0], lost_lines
     report = check_witness(tmp / "witness-pk")
     assert report.sections == 2 and report.overlaps == [], report
     assert token > 0

@@ -18,6 +18,8 @@ from celery_zklock.ops.commands.render import (
     name_and_key,
     table,
 )
+from celery_zklock.ops.holders import KeyState
+from celery_zklock.task.latest import Record
 from celery_zklock.zk.settings import CREATOR_ACL, ClientConfig
 
 NOW = 1_700_000_100.0
@@ -174,8 +176,11 @@ def test_json_document_is_stable() -> None:
     assert json.loads(json.dumps(document)) == document
     assert set(document) == {"schema", "root", "time", "locks"} and document["schema"] == 1
     sync, report = document["locks"]
-    assert set(sync) == {"path", "name", "key", "mode", "limit", "admissions", "holders", "waiters"}
-    assert sync["limit"] is None
+    assert set(sync) == {
+        "path", "name", "key", "mode", "limit", "admissions", "debounce", "waiting_call",
+        "holders", "waiters",
+    }  # fmt: skip
+    assert sync["limit"] is None and sync["debounce"] is None and sync["waiting_call"] is None
     assert (sync["name"], sync["key"], sync["mode"]) == ("sync", "account_id=1~aa", "exclusive")
     (holder,) = sync["holders"]
     assert set(holder) == {
@@ -294,3 +299,32 @@ def test_report_fails_on_any_fail() -> None:
     assert not checks.failed(found) and checks.report(found).endswith("ok (0 FAIL, 1 WARN)")
     found.append(checks.Check("FAIL", "c", "z"))
     assert checks.failed(found) and "FAIL  c: z" in checks.report(found)
+
+
+def keyed(state: LockState, window: Record | None, waiting: Record | None) -> KeyState:
+    return KeyState(**vars(state), debounce=window, waiting=waiting)
+
+
+def test_a_keys_debounce_window_and_queued_call_are_shown() -> None:
+    """``locks`` with a key's records (tests/task/test_debounce.py and test_replace.py read
+    them from ZooKeeper): the debounce window's latest call and when the window ends, and the
+    ``replace`` key's waiting call, in the table and in the JSON document."""
+    ms = int(NOW * 1000)
+    window = Record("t-9", 9, at=ms - 400, first=ms - 1500, mtime=ms - 400, version=3,
+                    quiet=1.0, cap=30.0)  # fmt: skip
+    waiting = Record("t-5", 5, at=ms - 2000, first=ms - 2000, mtime=ms - 2000, version=1)
+    sync, idle = two_locks()[0], lock_state("/zklock/refresh/view=v~cc", [])
+    states = [keyed(sync, None, waiting), keyed(idle, window, None)]
+    rows = locks_table(states, NOW).splitlines()[1:]
+    assert len(rows) == 4
+    assert rows[2].split()[:4] == ["replace", "queued", "call", "2.0s"] and "t-5" in rows[2]
+    assert rows[3].startswith("/zklock/refresh/view=v~cc") and "debounce" in rows[3]
+    assert "latest call" in rows[3] and "t-9" in rows[3] and "1.5s" in rows[3]
+    assert rows[3].endswith("window ends in 0.6s")
+    document = locks_document("/zklock", states, NOW)
+    first, second = document["locks"]
+    assert first["waiting_call"] == {"task_id": "t-5", "since": NOW - 2.0}
+    assert second["debounce"] == {
+        "task_id": "t-9", "first": NOW - 1.5, "last": NOW - 0.4, "ends": NOW + 0.6,
+    }  # fmt: skip
+    assert second["holders"] == [] and second["mode"] is None

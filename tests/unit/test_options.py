@@ -100,7 +100,9 @@ def test_a_format_string_key_is_refused_naming_the_task_and_the_option() -> None
 
 def test_constants_match_the_literal_types() -> None:
     assert LOCK_MODES == get_args(LockMode) == ("exclusive", "shared", "semaphore")
-    assert ON_BUSY_POLICIES == get_args(OnBusy) == ("skip", "wait", "retry", "raise", "preempt")
+    assert ON_BUSY_POLICIES == get_args(OnBusy) == (
+        "skip", "wait", "retry", "raise", "preempt", "replace",
+    )  # fmt: skip
     assert ON_TIMEOUT_POLICIES == get_args(OnTimeout) == ("skip", "retry", "raise")
     assert ON_LOST_POLICIES == get_args(OnLost) == ("raise", "retry")
     fields = {field.name for field in dataclasses.fields(LockOptions)}

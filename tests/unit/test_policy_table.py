@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_zklock import LockBusy, LockLost, LockTimeout, ZooKeeperUnavailable
+from celery_zklock import LockBusy, LockLost, LockTimeout, Preempted, ZooKeeperUnavailable
 from celery_zklock.errors import RateLimited
 from celery_zklock.task.policy import TABLE, Verdict, decide
 
@@ -17,16 +17,21 @@ ROWS = [
     ("busy", "retry", Verdict("retry", LockBusy)),
     ("busy", "raise", Verdict("raise", LockBusy)),
     ("busy", "preempt", Verdict("wait")),
+    ("busy", "replace", Verdict("wait")),  # as the key's one waiting call
     ("rate", "skip", Verdict("skip")),
     ("rate", "wait", Verdict("wait")),
     ("rate", "retry", Verdict("retry", RateLimited)),
     ("rate", "raise", Verdict("raise", RateLimited)),
     ("superseded", "skip", Verdict("skip")),  # preempt met a newer call of its task
+    ("debounced", "skip", Verdict("skip")),  # a newer call came within the window
+    ("replaced", "skip", Verdict("skip")),  # a newer replace call took the waiting place
     ("timeout", "skip", Verdict("skip")),
     ("timeout", "retry", Verdict("retry", LockTimeout)),
     ("timeout", "raise", Verdict("raise", LockTimeout)),
     ("lost", "retry", Verdict("retry", LockLost)),
     ("lost", "raise", Verdict("raise", LockLost)),
+    ("preempted", "retry", Verdict("retry", Preempted)),
+    ("preempted", "raise", Verdict("raise", Preempted)),
     ("unavailable", "retry", Verdict("retry", ZooKeeperUnavailable)),
     ("unavailable", "raise", Verdict("raise", ZooKeeperUnavailable)),
 ]

@@ -18,6 +18,16 @@ if one is removed or changes meaning::
           "limit": null,             # a semaphore's N (at most N holders), else null
           "admissions": [1718000000.1],  # lock_rate: when its recorded admissions were made
                                      # (server's clock), those of the last period
+          "debounce": {              # lock_debounce: the key's open window, else null
+            "task_id": "...",        # its latest call: the one that runs unless a newer comes
+            "first": 1717999999.0,   # when the window began (server's clock)
+            "last": 1718000000.0,    # when its latest call was recorded (server's clock)
+            "ends": 1718000001.0     # when it ends unless a newer call comes (or null)
+          },
+          "waiting_call": {          # lock_on_busy="replace": the key's one waiting call,
+            "task_id": "...",        # else null
+            "since": 1718000000.0    # when it was recorded as such (server's clock)
+          },
           "holders": [NODE, ...],    # one writer, the readers ahead of the first writer,
                                      # or a semaphore's first N nodes
           "waiters": [NODE, ...]     # in the order they will be granted
@@ -68,6 +78,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from celery_zklock.locks.holders import Entry, LockState
+from celery_zklock.task.latest import Record
 from celery_zklock.worker.gate.step import HeldMessages
 
 SCHEMA: Final = 1
@@ -124,12 +135,49 @@ def lock_document(root: str, state: LockState, now: float) -> dict[str, Any]:
         "mode": state.mode,
         "limit": state.limit,
         "admissions": list(state.admissions),
+        "debounce": _window(getattr(state, "debounce", None)),
+        "waiting_call": _waiting(getattr(state, "waiting", None)),
         "holders": [node_document(state, e, now, None) for e in state.holders],
         "waiters": [
             node_document(state, e, now, position)
             for position, e in enumerate(state.waiters, start=1)
         ],
     }
+
+
+def _window(record: Record | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    ends = None if record.ends is None else record.ends / 1000.0
+    return {"task_id": record.task_id, "first": record.first / 1000.0,
+            "last": record.at / 1000.0, "ends": ends}  # fmt: skip
+
+
+def _waiting(record: Record | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {"task_id": record.task_id, "since": record.mtime / 1000.0}
+
+
+def _record_rows(state: LockState, path: str, now: float) -> list[list[str]]:
+    """The rows of the calls a key's records name: its debounce window's latest call (ROLE
+    ``debounce``, FOR: the window's age, NOTE: when it ends) and its ``replace`` waiting call
+    (ROLE ``queued (replace)``, FOR: since when)."""
+    rows = []
+    window: Record | None = getattr(state, "debounce", None)
+    if window is not None:
+        ends = window.ends
+        note = "" if ends is None else f"window ends in {duration(max(0.0, ends / 1000 - now))}"
+        age = duration(max(0.0, now - window.first / 1000))
+        rows.append([path, "debounce", "latest call", "", age, window.task_id or "-",
+                     "", "", "", note])  # fmt: skip
+        path = ""
+    waiting: Record | None = getattr(state, "waiting", None)
+    if waiting is not None:
+        age = duration(max(0.0, now - waiting.mtime / 1000))
+        rows.append([path, "replace", "queued call", "", age, waiting.task_id or "-",
+                     "", "", "", ""])  # fmt: skip
+    return rows
 
 
 def locks_document(root: str, states: Sequence[LockState], now: float) -> dict[str, Any]:
@@ -208,6 +256,8 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
             newest = duration(max(0.0, now - state.admissions[-1]))
             role = f"rate: {len(state.admissions)} admitted, last {newest} ago"
             body.append([path, "rate", role, *[""] * (len(COLUMNS) - 3), ""])
+            path = ""
+        body.extend(_record_rows(state, path, now))
     if not body:
         return "no locks held"
     header = [*COLUMNS, "NOTE"]
