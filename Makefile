@@ -12,14 +12,14 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 5
 XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: test test-faults test-acceptance test-fast test-unit test-recipes test-task test-fleet demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
+.PHONY: test test-faults test-acceptance test-fast test-unit test-recipes test-task test-fleet test-tools demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not fault and not acceptance" $(PYTEST_ARGS)
 
-# The fault tier: long real-time fault tests (marked `fault`: the gate under redelivery and
-# broker timeouts, the fleet's every-fault run, a paused leader's 20 trials). .ci/run runs it
-# after make test; make test leaves it out to stay within its 10 minutes.
+# The fault tier: long real-time fault tests (marked `fault`, in any tier's folder: ZooKeeper
+# outages, the gate under redelivery and broker timeouts, a paused leader's 20 trials). .ci/run
+# runs it after make test; make test leaves it out to stay within its 10 minutes.
 test-faults: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m fault $(PYTEST_ARGS)
 
@@ -34,11 +34,15 @@ test-acceptance: system-deps $(STAMP)
 test-fast: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) tests/unit tests/recipes $(PYTEST_ARGS)
 
-# The tiers: unit (no server, seconds), recipes (ZooKeeper, Redis), task (celery workers), fleet.
+# The tiers: unit (the library, no server, seconds), recipes (ZooKeeper, Redis), task (celery
+# workers), fleet (the fleet and the library under faults), tools (the tests of workers/ and
+# benchmarks/ themselves: the fleet checker's verdicts, the reports, the load test's sender, the
+# compose files, the benchmarks' figures). make test runs every tier, tools included: the fleet
+# checker judges the fault runs' acceptance, and the tier costs well under a minute.
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) tests/unit $(PYTEST_ARGS)
 
-test-recipes test-task test-fleet: system-deps $(STAMP)
+test-recipes test-task test-fleet test-tools: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) tests/$(@:test-%=%) $(PYTEST_ARGS)
 
 demo: system-deps $(STAMP)

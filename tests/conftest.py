@@ -1,5 +1,6 @@
-"""The stack fixtures (the library's opt-in pytest plugin), those of the task tests that run
-real `celery worker` subprocesses (tests.taskapp), and the order the suite runs in.
+"""The stack fixtures (the library's opt-in pytest plugin), a Redis client for any tier, those
+of the task tests that run real `celery worker` subprocesses (tests.taskapp), and the order the
+suite runs in.
 
 `make test` runs the suite on pytest-xdist worker processes (``-n``, ``--dist loadgroup``).
 Each process starts its own ZooKeeper and Redis (the plugin's session fixtures); the tests of
@@ -163,6 +164,16 @@ def point_at(app: Celery, url: str) -> None:
     app.conf.broker_url = url
     app._pool = None
     app.amqp._producer_pool = None
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A redis-py client of the test Redis, closed after the test."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture

@@ -1,22 +1,12 @@
-"""Fixtures shared by the recipe tier."""
+"""Fixtures shared by the recipe tier (``redis_client``, which the tools tier uses too, is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-import redis
 from kazoo.client import KazooClient
-
-
-@pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    """A redis-py client of the test Redis, closed after the test."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture

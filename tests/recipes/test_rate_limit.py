@@ -84,18 +84,3 @@ def test_rates_are_parsed_in_celery_syntax() -> None:
     for bad in ("0/s", "10/d", "ten/s", 5, None, "1.5/s"):
         with pytest.raises(ConfigurationError, match="'N/s', 'N/m' or 'N/h'"):
             parse_rate(bad)
-
-
-def test_the_fault_runs_count_no_admission_as_left_behind(
-    zk_client: KazooClient, lock_root: str
-) -> None:
-    """A rate-limited key keeps its admissions for a period by design: the load test's count of
-    nodes locks left behind leaves them (and a lock node kept only by them) out, and still
-    counts a contender left beside them."""
-    from workers.loadtest import count_nodes
-
-    key = f"{lock_root}/name/key"
-    assert RateLimit(zk_client, f"{key}/rate", "5/s").acquire(blocking=False)
-    assert count_nodes(zk_client, lock_root) == 0
-    zk_client.create(f"{key}/_c_left-lock-", sequence=True)  # a contender left behind
-    assert count_nodes(zk_client, lock_root) == 3  # it, and the key and name nodes above it

@@ -11,7 +11,6 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.testing import RedisServer, ZooKeeperOptions
 from celery_zklock.zk.settings import client_config, lock_root
 from celery_zklock.zk.validate import argument, positive_int, seconds, znode_path
-from workers.settings import Settings, SettingsError
 
 
 def test_seconds_accepts_finite_numbers_and_text_when_asked() -> None:
@@ -80,16 +79,14 @@ def test_argument_turns_a_validator_into_an_argparse_type() -> None:
 
 
 def test_every_user_says_the_same() -> None:
-    """The app settings, the fleet's variables and the stack's options share the rules."""
+    """The app settings and the stack's options share the rules (the fleet's variables too:
+    tests/tools/test_fleet_settings.py)."""
     with pytest.raises(ConfigurationError, match="zklock_session_timeout must be a number of"):
         client_config({"zklock_hosts": "h:1", "zklock_session_timeout": "0"})
     assert client_config({"zklock_hosts": "h:1", "zklock_session_timeout": "2.5"}).session_timeout
     assert lock_root({"zklock_root": "/apps/locks/"}) == "/apps/locks"
     with pytest.raises(ConfigurationError, match="zklock_root must be an absolute znode path"):
         lock_root({"zklock_root": "/a//b"})
-    with pytest.raises(SettingsError, match="ZKLOCK_SESSION_TIMEOUT must be a number of seconds"):
-        Settings("h:1", "redis://h/0", "redis://h/0", "redis://h/0", session_timeout=math.nan)
-    assert Settings("h:1", "redis://h", "redis://h", "redis://h", zk_root="/x/").zk_root == "/x"
     with pytest.raises(ValueError, match="tick_time_ms must be a whole number >= 1, got 0"):
         ZooKeeperOptions(tick_time_ms=0)
     with pytest.raises(ValueError, match="start_attempts must be a whole number >= 1, got 0"):
