@@ -472,6 +472,18 @@ class Gate:
             if line.held and line.queue is not None:
                 self._advance(line)
 
+    def _discount_outage(self, away_since: float) -> None:
+        """ZooKeeper being away is never taken for a busy lock: the time each held message
+        spent waiting for it does not count against its ``lock_timeout`` (its ``due``, which
+        its run counts from, moves on by as much; its broker bound stays)."""
+        now = time.time()
+        for line in self.lines.values():
+            for held in line.held:
+                shift = now - max(away_since, held.due)
+                held.due += shift
+                if held.timeout_at is not None:
+                    held.timeout_at += shift
+
     def _on_state(self, state: str) -> None:  # a kazoo thread
         self._soon(self._state_changed, state)
 
@@ -485,6 +497,7 @@ class Gate:
                     time.time() - self._away_since,
                     self.held,
                 )
+                self._discount_outage(self._away_since)
             self._away_since = None
             for line in list(self.lines.values()):
                 self._changed(line.path)  # watches may have fired unseen: look again
