@@ -18,7 +18,7 @@ both on ZooKeeper's clock. A debounced call's run, in a worker, before it conten
 
 A call that must wait for its window's end (1, 2, 4 too early) is sent back (same task id,
 arguments, options, retry count and generation: not a retry) with an ETA at that end, and its
-run ends without a state (:class:`DebounceWait`, an ``Ignore``): the message waits in a worker's
+run ends without a state (:mod:`celery_zklock.task.sendback`): the message waits in a worker's
 main process, as Celery keeps ETA messages, never in a pool slot. Every write is versioned
 (:mod:`~celery_zklock.task.latest`): a call recorded while the latest one checks makes that
 check's delete fail, so the run that deletes the record is the latest call, and a call whose
@@ -46,18 +46,17 @@ from typing import Any, Final, Literal
 
 from celery import states
 from celery.backends.base import DisabledBackend
-from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from celery_zklock.errors import ZooKeeperUnavailable
-from celery_zklock.task import latest
+from celery_zklock.task import latest, sendback
 from celery_zklock.task.delivery import DuplicateDelivery, finished_already
 from celery_zklock.task.generation import is_newer
 from celery_zklock.task.metrics import count_outcome
 from celery_zklock.task.policy import is_skipped, skip_result
 
-__all__ = ["DEBOUNCE_HEADER", "DebounceWait", "Settled", "before_lock", "due_in", "settle"]
+__all__ = ["DEBOUNCE_HEADER", "Settled", "before_lock", "due_in", "settle"]
 
 DEBOUNCE_HEADER: Final = "zklock_debounce"
 """The header of a message sent back to wait for its debounce window's end."""
@@ -65,10 +64,6 @@ ROUNDS: Final = 20
 """Versioned writes a run tries before it gives the record up as unreachable."""
 
 logger = logging.getLogger("celery_zklock")
-
-
-class DebounceWait(Ignore):  # type: ignore[misc]
-    """The run ended without a state: its call was sent back to wait for its window's end."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +128,8 @@ def settle(
 def before_lock(run: Any, client: KazooClient) -> Any:
     """The debounce of ``run`` (a :class:`~celery_zklock.task.run.LockedRun` whose task has
     ``lock_debounce``): None when the window is over and this call goes on to its lock; a skip
-    result when a newer call superseded it; raises :class:`DebounceWait` (sent back to wait)."""
+    result when a newer call superseded it; raises ``SentBack`` (sent back to wait, see
+    :mod:`celery_zklock.task.sendback`)."""
     task, request = run.task, run.request
     resent = _header(request, DEBOUNCE_HEADER)
     again = resent or (request.delivery_info or {}).get("redelivered")
@@ -161,22 +157,10 @@ def before_lock(run: Any, client: KazooClient) -> Any:
     if settled.action == "wait":
         run._log("debounce-waits", run.path, due_in=round(settled.seconds, 3),
                  superseded=settled.superseded)  # fmt: skip
-        raise send_back(task, request, settled.seconds)
+        reason = f"waits {settled.seconds:.3f}s for its debounce window's end"
+        headers = {DEBOUNCE_HEADER: True}
+        raise sendback.send_back(task, request, settled.seconds, reason, headers)
     return None
-
-
-def send_back(task: Any, request: Any, countdown: float) -> DebounceWait:
-    """Publish the call of ``request`` again, ``countdown`` seconds from now, marked with
-    :data:`DEBOUNCE_HEADER`; the :class:`DebounceWait` for the run to raise (which acknowledges
-    this message: the new one is published first)."""
-    signature = task.signature_from_request(request, countdown=countdown)
-    headers = dict(signature.options.get("headers") or {})
-    headers[DEBOUNCE_HEADER] = True
-    signature.options["headers"] = headers
-    signature.apply_async()
-    return DebounceWait(
-        f"task {task.name!r} [{request.id}]: waits {countdown:.3f}s for its debounce window's end"
-    )
 
 
 def _skip(run: Any, by: Any) -> Any:
