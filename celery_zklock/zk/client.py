@@ -38,6 +38,7 @@ from kazoo.retry import KazooRetry
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.zk import adapter, outages
+from celery_zklock.zk.calls import Deadline, wait_result
 from celery_zklock.zk.settings import ClientConfig, host_ports
 
 logger = logging.getLogger("celery_zklock.session")
@@ -239,7 +240,7 @@ def _check_sasl_login(client: KazooClient, config: ClientConfig) -> None:
     """kazoo may report CONNECTED before its SASL exchange ends; a refused login then shows only
     on the next request (``AuthFailedError``, the client lost). One read makes it show here."""
     try:
-        client.exists("/")
+        wait_result(client.exists_async("/"), Deadline(config.connect_timeout), "a first read")
     except AuthFailedError as exc:
         raise ConfigurationError(_sasl_refused(config)) from exc
 

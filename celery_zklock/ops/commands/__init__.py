@@ -49,6 +49,7 @@ from celery_zklock.task.delivery import wait_gone
 from celery_zklock.task.task import ZkLockTask
 from celery_zklock.worker.gate.step import held_messages
 from celery_zklock.zk import adapter
+from celery_zklock.zk.calls import Deadline, wait_result
 from celery_zklock.zk.client import new_client, tls_problem
 from celery_zklock.zk.settings import ClientConfig, Settings, settings_of
 
@@ -142,7 +143,8 @@ def _lock_name(app: Any, name: str, client: KazooClient, root: str) -> str:
     known = _lock_names(app)
     if name in known:
         return known[name]
-    if name in known.values() or client.exists(f"{root}/{name}") is not None:
+    path = f"{root}/{name}"
+    if name in known.values() or _answer(client.exists_async(path), f"looking up {path}"):
         return name
     what = "is not a ZkLockTask" if name in app.tasks else "is not a task of this app"
     raise click.BadParameter(
@@ -439,7 +441,7 @@ def _await_release(
     started = time.monotonic()
     left = []
     for node in nodes:
-        if not client.exists(node):
+        if not _answer(client.exists_async(node), f"looking up {node}"):
             released = True
         else:
             remaining = max(0.0, wait - (time.monotonic() - started))
@@ -486,10 +488,16 @@ def run_outcome(app: Any, task_id: str | None, wait: float = OUTCOME_WAIT) -> st
     return found[0] if found else "how its run ended is unknown (the result backend is slow)"
 
 
+def _answer(result: Any, what: str) -> Any:
+    """ZooKeeper's answer to a command's request, within ``checks.REQUEST_TIMEOUT`` seconds
+    (ZooKeeperUnavailable, naming ``what``, after that)."""
+    return wait_result(result, Deadline(checks.REQUEST_TIMEOUT), what)
+
+
 def _force_delete(client: KazooClient, nodes: Sequence[str], by: str) -> None:
     for node in nodes:
         try:
-            client.delete(node)
+            _answer(client.delete_async(node), f"deleting {node}")
         except NoNodeError:
             click.echo(f"{node}: gone meanwhile")
             continue
