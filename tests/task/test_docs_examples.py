@@ -11,7 +11,9 @@ A block runs here when the line before its fence is an HTML comment (not shown o
   :data:`READERS_OWN`) are stand-ins that record their calls. It starts a new namespace that
   holds those, ``ZkLockTask`` and ``is_skipped``; after the block its app is finalized (so each
   task it defined is made, its lock options checked). ``client`` is chrooted to the test's lock
-  root, so the page's paths (``/app/locks/...``) are made under it and removed after.
+  root, so the page's paths (``/app/locks/...``) are made under it and removed after; so is the
+  app's ``zklock_hosts``, so that ``Mutex(client, task.lock_path(...))`` holds the lock a call
+  of ``task`` takes, as another run would.
 * ``<!-- doc-test: worker -->``: runs in the namespace of the page's previous example, after an
   in-process worker (Celery's ``celery.contrib.testing.worker``, threads pool) was started for
   that namespace's ``app``; the block sends tasks to it like a caller would.
@@ -126,7 +128,18 @@ def test_the_pages_that_must_have_running_examples_have_them() -> None:
     pages = {Path(example.blocks[0].page).name for example in EXAMPLES}
     assert {"settings.md", "django.md", "coming-from-celery-once.md", "leader.md"} <= pages
     assert {"concepts.md", "semaphore.md", "rate-limits.md", "multilock-and-preempt.md"} <= pages
+    assert {"when-busy.md", "debounce-and-replace.md"} <= pages
     assert (ROOT / "tests" / "fleet" / "test_wheel_install.py").exists()
+
+
+def test_every_busy_policy_is_shown_running() -> None:
+    """docs/when-busy.md puts every policy side by side: each policy's section has a worker
+    example (a call sent to a running worker, printing what it got)."""
+    sections = (DOCS / "when-busy.md").read_text().split("\n## ")[1:]
+    for policy in ("`skip`", "`wait`", "`retry`", "`raise`", "`preempt`", "`replace`",
+                   "Debounce", "Rate"):  # fmt: skip
+        section = next((s for s in sections if s.startswith(policy)), "")
+        assert "<!-- doc-test: worker -->" in section, f"when-busy.md: no running {policy}"
 
 
 @dataclass
@@ -270,7 +283,8 @@ def _context(docs_redis: str, zk_hosts: str, lock_root: str) -> Context:
     client = KazooClient(hosts=zk_hosts + lock_root)
     client.start(timeout=30)
     app = Celery("docs", broker=docs_redis, backend=docs_redis)
-    app.conf.zklock_hosts = zk_hosts
+    # The same chroot as ``client``: a task's lock_path() is then a path of ``client`` too.
+    app.conf.zklock_hosts = zk_hosts + lock_root
     return Context(app, client, {name: Recorder(name) for name in READERS_OWN})
 
 
