@@ -31,10 +31,12 @@ def test_a_client_whose_sasl_login_check_fails_is_stopped(
         client = real_new_client(dataclasses.replace(given, sasl=()))
         made.append(client)
 
-        def exists(path: str, *args: Any, **kwargs: Any) -> Any:
-            raise ConnectionLoss()
+        def exists_async(path: str, *args: Any, **kwargs: Any) -> Any:
+            failed = client.handler.async_result()
+            failed.set_exception(ConnectionLoss())
+            return failed
 
-        client.exists = exists  # type: ignore[method-assign]
+        client.exists_async = exists_async  # type: ignore[method-assign]
         return client
 
     monkeypatch.setattr(session, "new_client", client_without_sasl)
