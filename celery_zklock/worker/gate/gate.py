@@ -205,6 +205,12 @@ class Gate:
             if free > 0 and may_enter(kind, line.queue, [k for _, k in line.sent]):
                 return self._dispatch(line, held, was_held=False)
         if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
+            logger.info(
+                "celery-zklock gate: 1 message(s) of %s past the broker's redelivery bound on "
+                "arrival (an ETA later than it) go back to the broker: %s",
+                path,
+                request.id,
+            )
             give_back([request])
             return None
         self._hold(line, held, in_place=first is not None)
