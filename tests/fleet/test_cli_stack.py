@@ -223,8 +223,15 @@ def test_the_outage_drill_stops_zookeeper_and_brings_it_back_on_the_same_port_an
         assert killed.hosts == serving.hosts == hosts  # the same ports
         assert restarting.at - killed.at >= 2.0 and serving.down is not None
         assert 2.0 <= serving.down < 30
-        client.sync("/")
-        assert client.get("/drilled")[0] == b"kept"  # the same data
+        # A fresh session reads it: the one from before may have expired meanwhile (the drill
+        # took longer than its timeout in a fresh-clone CI run: SessionExpiredError).
+        after = new_client(ClientConfig(hosts=hosts))
+        after.start(timeout=10)
+        try:
+            assert after.get("/drilled")[0] == b"kept"  # the same data
+        finally:
+            after.stop()
+            after.close()
         assert sorted(children_of(stack.proc.pid)) == sorted(serving.pids)
     finally:
         client.stop()
