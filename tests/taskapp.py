@@ -505,3 +505,36 @@ def replacing(self: Any, key: str, seq: int, hold_s: float) -> int:
         while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
             time.sleep(0.02)
     return seq
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="debounced_half", lock_key=["key"], lock_debounce=0.5,
+    acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def debounced_half(self: Any, key: str, value: int) -> dict[str, Any]:
+    """:func:`debounced` with half a second of quiet (and the default cap): records each body
+    that starts in ``debounced-half-<key>``."""
+    record = {"task_id": self.request.id, "value": value, "start": time.time(),
+              "worker": self.request.hostname}  # fmt: skip
+    _append(DIR / f"debounced-half-{key}", record)
+    return {"value": value}
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="throttled_fast", lock_key=["key"], lock_on_busy="wait",
+    lock_rate="5/s", lock_timeout=60,
+)  # fmt: skip
+def throttled_fast(self: Any, key: str, seq: int) -> int:
+    """Five runs a second per key, waiting for their window (the throttle): records each body
+    (seq, retries, when it started on this host's clock) with its admission's ``ctime`` (ms,
+    ZooKeeper's clock) read back from the rate limit's nodes, in ``throttled-fast-<key>``."""
+    from workers.admissions import find_admission
+
+    request = self.request
+    retries = int(request.retries or 0)
+    lock_path = self.lock.node.rsplit("/", 1)[0]  # the path the client sees the rate under
+    admitted = find_admission(task_client(self), lock_path, str(request.id), os.getpid(), retries)
+    record = {"seq": seq, "start": time.time(), "retries": retries, "admitted": admitted,
+              "task_id": request.id}  # fmt: skip
+    _append(DIR / f"throttled-fast-{key}", record)
+    return seq

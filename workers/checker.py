@@ -7,6 +7,11 @@ final states and the faults injected, and returns a :class:`RunReport`. Which ov
 revoked (a fault took the holder's lease, and it knew) and which as violations, which rate
 admissions were one too many (:mod:`workers.admissions`), which bodies completed twice, which
 writes are stale and how tasks are counted: ``docs/fleet.md``, "The verdict".
+
+A call that ended *superseded* (a skip of reason ``debounced`` or ``replaced``: a newer call of
+its key ran instead) must not have run: a section of its task entered and not ended by a kill
+(a body killed mid-run is Celery's at-least-once, whose next copy may then be superseded) is a
+violation, and so is a skip naming no other call of the run (:attr:`RunReport.superseded_ran`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from workers.record import (
 )
 
 __all__ = [
+    "SUPERSEDED_REASONS",
     "FaultCount",
     "FaultImpact",
     "RunReport",
@@ -48,6 +54,8 @@ says nothing, and counts as neither."""
 LOST_REASON_PREFIX = "LockLost"
 PREEMPTED_FAILURE = "LockLost (preempted)"
 """The failure kind of a task whose lock a newer ``preempt`` call broke."""
+SUPERSEDED_REASONS = frozenset({"debounced", "replaced"})
+"""Skip reasons of a call a newer one superseded: it must never have run its body."""
 MAX_SERIES_SECONDS = 7 * 24 * 3600
 PAUSE_EXPIRY_FRACTION = 0.5
 """A pause excuses an overlap only once this fraction of the session timeout has passed since
@@ -63,19 +71,29 @@ class TaskOutcome:
     """A submitted task's final state as Celery reports it.
 
     ``state`` is Celery's state name; ``skipped`` is true for a SUCCESS whose lock was busy and
-    which skipped its body; ``reason`` is ``"ExcType: message"`` for a FAILURE.
+    which skipped its body, ``skip_reason`` then the skip's reason (``busy``, ``rate``,
+    ``debounced``, ``replaced``, ...) and ``skipped_for`` the call it names (the holder, or
+    the newer call that superseded it); ``reason`` is ``"ExcType: message"`` for a FAILURE.
     """
 
     task_id: str
     state: str
     skipped: bool = False
     reason: str | None = None
+    skip_reason: str | None = None
+    skipped_for: str | None = None
 
     @classmethod
     def from_result(cls, task_id: str, state: str, result: Any) -> TaskOutcome:
-        """From a Celery ``AsyncResult``'s ``state`` and ``result``."""
+        """From a Celery ``AsyncResult``'s ``state`` and ``result`` (a stored result's
+        ``status`` and ``result`` alike)."""
         if state == "SUCCESS":
-            return cls(task_id, state, skipped=is_skipped(result))
+            if not is_skipped(result):
+                return cls(task_id, state)
+            why, named = result.get("reason"), result.get("holder")
+            return cls(task_id, state, skipped=True,
+                       skip_reason=None if why is None else str(why),
+                       skipped_for=None if named is None else str(named))  # fmt: skip
         if state == "FAILURE":
             reason = (
                 f"{type(result).__name__}: {result}"
@@ -143,7 +161,8 @@ class RunReport:
     failed: int
     lost: int
     violations: int
-    """Overlaps no fault explains (``overlaps`` not revoked) plus ``rate_violations``."""
+    """Overlaps no fault explains (``overlaps`` not revoked) plus ``rate_violations`` plus
+    ``superseded_violations``."""
     revoked_overlaps: int
     stale_writes_accepted: int
     leftover_nodes: int
@@ -221,6 +240,13 @@ class RunReport:
     that had ended ran it again. Each fails the verdict. A body whose process was killed
     while it ran or just after it ended (before its message was acknowledged) is not counted:
     its copy is Celery's at-least-once (:meth:`_Replay.died_before_its_ack`)."""
+    skip_reasons: Mapping[str, int] = field(default_factory=dict)
+    """Skipped tasks by their skip's reason (``busy``, ``rate``, ``debounced``,
+    ``replaced``, ...; ``?`` for a skip that gives none)."""
+    superseded_ran: tuple[str, ...] = ()
+    """What went wrong with calls that ended superseded (:data:`SUPERSEDED_REASONS`), one line
+    each: a section of the call entered and not ended by a kill ("both replaced and run"), or
+    a skip naming no other call of the run. Each is a violation."""
 
     @property
     def broker_dropped(self) -> int:
@@ -231,9 +257,19 @@ class RunReport:
         return len(self.rate_overruns)
 
     @property
+    def superseded_violations(self) -> int:
+        return len(self.superseded_ran)
+
+    @property
+    def superseded(self) -> int:
+        """Calls that ended superseded by a newer call (debounced or replaced)."""
+        return sum(self.skip_reasons.get(reason, 0) for reason in SUPERSEDED_REASONS)
+
+    @property
     def exclusion_violations(self) -> int:
-        """The violations that are overlaps (mutual exclusion), without the rate ones."""
-        return self.violations - self.rate_violations
+        """The violations that are overlaps (mutual exclusion), without the rate and
+        superseded ones."""
+        return self.violations - self.rate_violations - self.superseded_violations
 
     @property
     def completed_twice_task_ids(self) -> tuple[str, ...]:
@@ -293,6 +329,7 @@ class RunReport:
         data["ok"] = self.ok
         data["broker_dropped"] = self.broker_dropped
         data["rate_violations"] = self.rate_violations
+        data["superseded_violations"] = self.superseded_violations
         data["duplicate_completions"] = self.duplicate_completions
         data["unchecked"] = self.unchecked
         data["report_line"] = self.report_line()
@@ -615,13 +652,14 @@ def check_run(
     for (task_id, key), count in replay.completions.items():
         if count > 1 and not replay.died_before_its_ack(task_id, key):
             completed_twice[task_id] = max(count, completed_twice.get(task_id, 0))
+    superseded_ran = _superseded_ran(submitted, outcomes, replay)
     return RunReport(
         tasks=len(submitted),
         ran=len(tally.ran),
         skipped=tally.skipped,
         failed=sum(tally.failure_reasons.values()),
         lost=len(tally.lost),
-        violations=sum(1 for o in overlaps if not o.revoked) + len(overruns),
+        violations=sum(1 for o in overlaps if not o.revoked) + len(overruns) + len(superseded_ran),
         revoked_overlaps=sum(1 for o in overlaps if o.revoked),
         stale_writes_accepted=len(replay.stale),
         leftover_nodes=leftover_nodes,
@@ -671,7 +709,32 @@ def check_run(
         rate_admissions=len(replay.admissions),
         admissions_unread=replay.admissions_unread,
         completed_twice=completed_twice,
+        skip_reasons=dict(tally.skip_reasons),
+        superseded_ran=superseded_ran,
     )
+
+
+def _superseded_ran(
+    submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome], replay: _Replay
+) -> tuple[str, ...]:
+    """See :attr:`RunReport.superseded_ran`."""
+    sections: dict[str, list[_Section]] = {}
+    for section in replay.sections.values():
+        sections.setdefault(section.enter.task_id, []).append(section)
+    problems = []
+    for task_id in submitted:
+        outcome = outcomes.get(task_id)
+        if outcome is None or outcome.skip_reason not in SUPERSEDED_REASONS:
+            continue
+        what = f"task {task_id} ({outcome.skip_reason} by {outcome.skipped_for})"
+        for section in sections.get(task_id, ()):
+            if section.end != "killed":
+                ended = "still open" if section.end is None else f"exit {section.outcome}"
+                problems.append(f"{what} entered its section {section.enter.holder} on "
+                                f"{section.enter.key} ({ended})")  # fmt: skip
+        if outcome.skipped_for == task_id or outcome.skipped_for not in submitted:
+            problems.append(f"{what} names no other call of the run")
+    return tuple(problems)
 
 
 # -------------------------------------------------------------------------------- accounting
@@ -701,6 +764,7 @@ def _killed_a_consumer(fault: FaultRecord) -> bool:
 class _Tally:
     ran: list[str] = field(default_factory=list)
     skipped: int = 0
+    skip_reasons: Counter[str] = field(default_factory=Counter)
     lost: list[str] = field(default_factory=list)
     failure_reasons: Counter[str] = field(default_factory=Counter)
     failure_examples: dict[str, str] = field(default_factory=dict)
@@ -725,6 +789,7 @@ def _tally(submitted: Mapping[str, float], outcomes: Mapping[str, TaskOutcome]) 
         elif outcome.state == "SUCCESS":
             if outcome.skipped:
                 tally.skipped += 1
+                tally.skip_reasons[outcome.skip_reason or "?"] += 1
             else:
                 tally.ran.append(task_id)
         else:
@@ -841,6 +906,14 @@ def _summary(report: RunReport) -> list[str]:
         )
     for overrun in r.rate_overruns[:10]:
         lines.append(f"  rate violation: {overrun.describe()}")
+    if r.superseded or r.superseded_ran:
+        lines.append(
+            f"superseded calls: {r.skip_reasons.get('debounced', 0)} debounced, "
+            f"{r.skip_reasons.get('replaced', 0)} replaced (skipped, a newer call ran instead); "
+            f"{r.superseded_violations} violations (superseded and run, or naming no call)"
+        )
+    for problem in r.superseded_ran[:10]:
+        lines.append(f"  superseded violation: {problem}")
     lines.append(
         f"fenced writes: {r.writes_accepted} accepted, {r.writes_refused} refused; "
         f"{r.stale_writes_accepted} stale writes accepted"

@@ -32,7 +32,6 @@ from celery.backends.base import KeyValueStoreBackend
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from celery_zklock import is_skipped
 from celery_zklock.locks.rate import RATE_NODE
 from celery_zklock.testing import (
     RedisServer,
@@ -64,7 +63,7 @@ from workers.netns import Namespace, NetnsError, blackhole_unavailable_reason, u
 from workers.record import FAULT_KINDS, FaultLog, FaultRecord, Mode, SectionRecorder
 from workers.report import write_reports
 from workers.settings import POOLS, Settings, is_amqp
-from workers.tasks import PAIR_TASK, TASK_FOR_MODE, UNRELATED_TASK
+from workers.tasks import DEBOUNCED_TASK, PAIR_TASK, TASK_FOR_MODE, UNRELATED_TASK
 from workers.whereabouts import whereabouts
 
 __all__ = [
@@ -157,6 +156,9 @@ class LoadConfig:
     pair_ratio: float = 0.0
     eta_ratio: float = 0.0
     eta_countdown: float = 4.0
+    debounce_ratio: float = 0.0
+    replace_ratio: float = 0.0
+    burst: int = 3
     hold_ms: int = 200
     hold_spread: float = 0.5
     scenario: str = "mixed"
@@ -251,6 +253,11 @@ class WorkItem:
     """A pair section's second key (``workers.pair_section`` locks ``key`` and this one)."""
     countdown: float | None = None
     """Seconds the call is delayed by (``apply_async(countdown=...)``: an ETA call), or None."""
+    debounced: bool = False
+    """A call of the debounced section (``workers.debounced_section``, exclusive)."""
+    follows: bool = False
+    """Sent right after the section before it, off the schedule: the later calls of a burst
+    (debounced or ``replace`` calls of one key, back to back)."""
 
 
 UNRELATED_ITEM: Final = WorkItem("exclusive", "", "", 0, unrelated=True)
@@ -279,7 +286,16 @@ def plan_workload(config: LoadConfig) -> list[WorkItem]:
     drawn between half of ``eta_countdown`` and all of it, from a generator of its own (the
     plan is otherwise the same as without it). The worker receives such a message at once and
     keeps it, unacknowledged, until its ETA and then at its gate while its key is busy: the
-    broker's visibility timeout runs over both."""
+    broker's visibility timeout runs over both.
+
+    With ``debounce_ratio`` (``replace_ratio``) a section off the hot key begins a *burst*: it
+    and the ``burst - 1`` sections after it become calls of its key sent back to back
+    (:attr:`WorkItem.follows`), exclusive, with no rate, second key or countdown, each of the
+    debounced section (``workers.debounced_section``: the burst coalesces into one run, the
+    others skipped as ``debounced``), or sent with ``on_busy="replace"`` (while one holds the
+    key, each newer call replaces the waiting one, skipped as ``replaced``). Drawn last, from
+    a generator of its own: with both ratios at 0 the plan is the same as without them; the
+    unrelated tasks due among a burst's sections follow its last one."""
     rng = random.Random(config.seed)
     rated = random.Random(config.seed + 1)  # its own draws: the rest of the plan is unchanged
     mixed = random.Random(config.seed + 2)  # pair and preempt sections: their own draws too
@@ -311,15 +327,45 @@ def plan_workload(config: LoadConfig) -> list[WorkItem]:
         sections.append(
             WorkItem(mode, on_busy, key, hold_ms, rate=rate, key_b=key_b, countdown=countdown)
         )
+    sections = _bursts(sections, config)
     unrelated = config.effective_unrelated()
     if not sections:
         return [UNRELATED_ITEM] * unrelated
     after = Counter(j * len(sections) // unrelated for j in range(unrelated))
-    plan = []
+    plan: list[WorkItem] = []
+    due = 0
     for index, item in enumerate(sections):
         plan.append(item)
-        plan.extend([UNRELATED_ITEM] * after[index])
+        due += after[index]
+        if index + 1 == len(sections) or not sections[index + 1].follows:
+            plan.extend([UNRELATED_ITEM] * due)
+            due = 0
     return plan
+
+
+def _bursts(sections: list[WorkItem], config: LoadConfig) -> list[WorkItem]:
+    """``sections`` with the bursts of debounced and ``replace`` calls drawn in (see
+    :func:`plan_workload`)."""
+    if not (config.debounce_ratio or config.replace_ratio):
+        return sections
+    draws = random.Random(config.seed + 4)
+    out: list[WorkItem] = []
+    index = 0
+    while index < len(sections):
+        head = sections[index]
+        draw = draws.random()
+        debounced = draw < config.debounce_ratio
+        replacing = not debounced and draw < config.debounce_ratio + config.replace_ratio
+        if head.key == HOT_KEY or not (debounced or replacing):
+            out.append(head)
+            index += 1
+            continue
+        on_busy = "wait" if debounced else "replace"
+        for offset, item in enumerate(sections[index : index + config.burst]):
+            out.append(WorkItem("exclusive", on_busy, head.key, item.hold_ms,
+                                debounced=debounced, follows=offset > 0))  # fmt: skip
+        index += config.burst
+    return out
 
 
 # ---------------------------------------------------------------------------- the run's parts
@@ -393,10 +439,14 @@ def _send_all(
         started = time.monotonic()
         for index, item in enumerate(plan):
             due = started + duration * index / len(plan)
-            if stop.wait(max(0.0, due - time.monotonic())):
+            if stop.wait(0.0 if item.follows else max(0.0, due - time.monotonic())):
                 return
             hold_ms = item.hold_ms
-            if reserve_from is not None and index >= reserve_from and not item.unrelated:
+            if (
+                reserve_from is not None
+                and index >= reserve_from
+                and not (item.unrelated or item.follows)
+            ):
                 while faults_pending() and progress.in_flight() >= min(
                     min_in_flight, RESERVE_IN_FLIGHT
                 ):
@@ -414,7 +464,11 @@ def _send_all(
                         if item.rate is not None:
                             options["rate"] = item.rate  # lock_rate, per call
                         eta = {} if item.countdown is None else {"countdown": item.countdown}
-                        if item.key_b is not None:
+                        if item.debounced:
+                            app.tasks[DEBOUNCED_TASK].apply_async(
+                                (run_id, item.key, hold_ms), task_id=task_id, zklock=options
+                            )
+                        elif item.key_b is not None:
                             app.tasks[PAIR_TASK].apply_async(
                                 (run_id, item.key, item.key_b, hold_ms),
                                 task_id=task_id,
@@ -488,7 +542,7 @@ def _outcome(task_id: str, meta: Mapping[str, Any] | None) -> TaskOutcome | None
         return None
     state = str(meta.get("status"))
     if state == "SUCCESS":
-        return TaskOutcome(task_id, state, skipped=is_skipped(meta.get("result")))
+        return TaskOutcome.from_result(task_id, state, meta.get("result"))
     if state in ("FAILURE", "REVOKED"):
         result = meta.get("result")
         if isinstance(result, dict) and "exc_type" in result:
@@ -843,6 +897,12 @@ def _describe_start(
             if config.eta_ratio
             else ""
         )
+        + (
+            f"bursts of {config.burst} calls of a key back to back: debounced "
+            f"{config.debounce_ratio:.0%}, replace {config.replace_ratio:.0%}, "
+            if config.debounce_ratio or config.replace_ratio
+            else ""
+        )
         + f"hold {config.hold_ms} ms +-{config.hold_spread:.0%}, "
         f"sent over {config.effective_duration():.0f} s; "
         f"session timeout {run.settings.session_timeout:g} s, visibility timeout "
@@ -1100,6 +1160,14 @@ def configure_parser(parser: argparse.ArgumentParser, defaults: LoadConfig | Non
     add("--eta-countdown", type=_seconds, default=d.eta_countdown,
         help="their countdown: drawn between half of it and all of it, s "
         f"({d.eta_countdown:g})")  # fmt: skip
+    add("--debounce-ratio", type=_ratio, default=d.debounce_ratio,
+        help="share of sections (off the hot key) that begin a burst of --burst debounced "
+        f"calls of their key ({d.debounce_ratio})")  # fmt: skip
+    add("--replace-ratio", type=_ratio, default=d.replace_ratio,
+        help="share of sections (off the hot key) that begin a burst of --burst calls of "
+        f"their key sent with on_busy='replace' ({d.replace_ratio})")  # fmt: skip
+    add("--burst", type=_positive_int, default=d.burst,
+        help=f"calls in one such burst ({d.burst})")  # fmt: skip
     add("--hold-ms", type=_positive_int, default=d.hold_ms,
         help=f"time a section holds its lock, +-HOLD_SPREAD ({d.hold_ms})")  # fmt: skip
     add("--hold-spread", type=_ratio, default=d.hold_spread,
@@ -1214,6 +1282,9 @@ def config_from_args(
         pair_ratio=args.pair_ratio,
         eta_ratio=args.eta_ratio,
         eta_countdown=args.eta_countdown,
+        debounce_ratio=args.debounce_ratio,
+        replace_ratio=args.replace_ratio,
+        burst=args.burst,
         hold_ms=args.hold_ms,
         hold_spread=args.hold_spread,
         scenario=args.scenario,

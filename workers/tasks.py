@@ -19,6 +19,12 @@ check counts admissions on ZooKeeper's clock, not on a worker's.
 
 :data:`UNRELATED_TASK` is the unrelated traffic of the ``hot-key`` scenario: a plain task (no
 lock, no record) that returns at once, whose time from send to result the load test reports.
+
+:data:`DEBOUNCED_TASK` is the exclusive section under ``lock_debounce`` (:data:`DEBOUNCE_SECONDS`
+of quiet, at most :data:`DEBOUNCE_MAX_SECONDS` a window), on the same locks: calls of one key
+close together run once, with the last call's arguments; the others end as skips (reason
+``debounced``) and must never enter their section (the checker's superseded rule, as for
+``replace`` calls, which are exclusive sections sent with ``zklock={"on_busy": "replace"}``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ from workers.admissions import find_admission
 from workers.record import PREEMPTED_OUTCOME, Mode, SectionEvent, SectionRecorder
 
 __all__ = [
+    "DEBOUNCED_TASK",
+    "DEBOUNCE_MAX_SECONDS",
+    "DEBOUNCE_SECONDS",
     "EXCLUSIVE_TASK",
     "HOLD_SLICE_SECONDS",
     "LOCK_NAME",
@@ -73,6 +82,13 @@ TASK_FOR_MODE: Final[dict[Mode, str]] = {"exclusive": EXCLUSIVE_TASK, "shared": 
 PAIR_TASK: Final = "workers.pair_section"
 """The exclusive section over two keys: ``pair_section(run_id, key_a, key_b, hold_ms)``."""
 UNRELATED_TASK: Final = "workers.unrelated"
+DEBOUNCED_TASK: Final = "workers.debounced_section"
+"""The exclusive section under ``lock_debounce``: ``debounced_section(run_id, key, hold_ms)``."""
+DEBOUNCE_SECONDS: Final = 1.0
+"""The debounced section's quiet period: calls of a key sent back to back coalesce within it
+also when a loaded worker takes a few hundred ms to record each."""
+DEBOUNCE_MAX_SECONDS: Final = 5.0
+"""The debounced section's cap on a window."""
 RECORD_URL_SETTING: Final = "fleet_record_url"
 DEFAULT_WAIT_SECONDS: Final = 30.0
 HOLD_SLICE_SECONDS: Final = 0.02
@@ -373,6 +389,12 @@ def shared_section(
     return run_section(self, run_id, key, hold_ms, "shared", release_key, stall_key)
 
 
+def debounced_section(self: ZkLockTask, run_id: str, key: str, hold_ms: int) -> dict[str, Any]:
+    """The exclusive section of ``key`` for the last call of a debounce window; see the module
+    doc."""
+    return run_section(self, run_id, key, hold_ms, "exclusive")
+
+
 def pair_section(
     self: ZkLockTask,
     run_id: str,
@@ -402,8 +424,8 @@ def unrelated(run_id: str) -> str:
 
 
 def register_tasks(app: Celery) -> None:
-    """Register the sections and the unrelated task on ``app`` (under their fixed names, on
-    this app only)."""
+    """Register the sections (the debounced one too) and the unrelated task on ``app`` (under
+    their fixed names, on this app only)."""
     common: dict[str, Any] = {
         "bind": True,
         "base": ZkLockTask,
@@ -419,6 +441,9 @@ def register_tasks(app: Celery) -> None:
     pair = {**common, "lock_key": {"key": ["key_a", "key_b"]}}
     app.task(name=PAIR_TASK, lock_mode="exclusive", **pair)(pair_section)
     app.task(name=UNRELATED_TASK, shared=False)(unrelated)
+    debounced = {**common, "lock_debounce": DEBOUNCE_SECONDS,
+                 "lock_debounce_max": DEBOUNCE_MAX_SECONDS}  # fmt: skip
+    app.task(name=DEBOUNCED_TASK, lock_mode="exclusive", **debounced)(debounced_section)
 
 
 # One Redis client per (process, URL): a client must not be shared across a fork.

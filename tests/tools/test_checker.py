@@ -795,10 +795,92 @@ def test_the_json_form_is_json_safe_and_complete() -> None:
 
 def test_task_outcome_from_celery_results() -> None:
     skipped = {"__zklock_skipped__": True, "reason": "busy", "lock": "/zklock/x", "holder": "t1"}
-    assert TaskOutcome.from_result("t", "SUCCESS", skipped) == TaskOutcome("t", "SUCCESS", True)
+    assert TaskOutcome.from_result("t", "SUCCESS", skipped) == TaskOutcome(
+        "t", "SUCCESS", True, skip_reason="busy", skipped_for="t1"
+    )
     assert TaskOutcome.from_result("t", "SUCCESS", {"token": 1}) == TaskOutcome("t", "SUCCESS")
     assert TaskOutcome.from_result("t", "FAILURE", LockLost("gone")).reason == "LockLost: gone"
     assert TaskOutcome.from_result("t", "PENDING", None) == TaskOutcome("t", "PENDING")
+
+
+# ------------------------------------------------------------------- superseded calls
+
+
+def superseded(task: str, reason: str, by: str) -> TaskOutcome:
+    """The final state of a call a newer one superseded: a skip of ``reason`` naming ``by``."""
+    return TaskOutcome(task, "SUCCESS", skipped=True, skip_reason=reason, skipped_for=by)
+
+
+def test_superseded_calls_that_never_entered_are_counted_and_pass() -> None:
+    """A burst of three debounced calls (the last ran) and of three ``replace`` calls (the
+    first held, the third waited and ran): the others are counted by their skip's reason."""
+    events = [*section("d3", 1), *section("r1", 2, at=1.0), *section("r3", 3, at=2.0)]
+    outcomes = {
+        "d1": superseded("d1", "debounced", "d2"),
+        "d2": superseded("d2", "debounced", "d3"),
+        "r2": superseded("r2", "replaced", "r3"),
+        "b": TaskOutcome("b", "SUCCESS", skipped=True, skip_reason="busy", skipped_for="r1"),
+    }
+    report = check(events, outcomes=outcomes)
+    assert report.ok and report.violations == 0 and report.superseded_ran == ()
+    assert (report.ran, report.skipped, report.superseded) == (3, 4, 3)
+    assert report.skip_reasons == {"debounced": 2, "replaced": 1, "busy": 1}
+    summary = "\n".join(report.summary_lines())
+    assert "superseded calls: 2 debounced, 1 replaced" in summary and "0 violations" in summary
+
+
+def test_a_call_both_replaced_and_run_is_a_violation() -> None:
+    """Its section entered (and exited, or is still open): the skip says a newer call ran
+    instead, and yet its body ran. A violation, named in the summary, failing the verdict."""
+    for tail in (
+        [ev("exit", "r2", token=2, time=1.2, outcome="ok")],  # ran to its end
+        [],  # never exited
+    ):
+        # r3 ran first (this rule is about the skip, not the order); r2 then entered after it
+        # and overlaps nothing, so the one violation is the superseded rule's.
+        events = [*section("r1", 1), *section("r3", 3, at=0.5),
+                  ev("enter", "r2", token=2, time=1.0), *tail]  # fmt: skip
+        report = check(events, outcomes={"r2": superseded("r2", "replaced", "r3")})
+        assert report.violations == 1 and report.superseded_violations == 1, report.superseded_ran
+        assert report.exclusion_violations == 0 and not report.ok
+        (problem,) = report.superseded_ran
+        assert problem.startswith("task r2 (replaced by r3) entered its section r2#2 on k")
+        assert "violations=1 " in report.report_line()
+        assert f"  superseded violation: {problem}" in report.summary_lines()
+        assert report.to_json()["superseded_violations"] == 1
+
+
+def test_a_debounced_call_that_ran_is_a_violation_and_one_killed_mid_body_is_not() -> None:
+    """A body whose process a fault killed is Celery's at-least-once: its next copy may be
+    superseded without the call having run. One that exited (even with its lock lost) ran."""
+    killed_body = [ev("enter", "d1", token=1, hostname=HOST, pid=41), killed(pid=41, at=0.5)]
+    report = check([*killed_body, *section("d2", 2, at=1.0)],
+                   outcomes={"d1": superseded("d1", "debounced", "d2")})  # fmt: skip
+    assert report.ok and report.superseded_ran == () and report.killed_sections == 1
+    lost_body = [ev("enter", "d1", token=1), ev("exit", "d1", token=1, outcome="lost")]
+    report = check([*lost_body, *section("d2", 2, at=1.0)],
+                   outcomes={"d1": superseded("d1", "debounced", "d2")})  # fmt: skip
+    assert report.superseded_violations == 1 and not report.ok
+    assert "(exit lost)" in report.superseded_ran[0]
+
+
+def test_a_superseded_call_must_name_another_call_of_the_run() -> None:
+    events = [*section("d2", 1)]
+    for named in ("elsewhere", "d1", None):
+        report = check(events, outcomes={"d1": superseded("d1", "debounced", named)})  # type: ignore[arg-type]
+        assert report.superseded_ran == (f"task d1 (debounced by {named}) names no other call "
+                                         "of the run",), named  # fmt: skip
+        assert not report.ok
+
+
+def test_skip_reasons_and_named_calls_are_read_from_stored_results() -> None:
+    replaced = {"__zklock_skipped__": True, "reason": "replaced", "lock": "/l", "holder": "t9"}
+    assert TaskOutcome.from_result("t", "SUCCESS", replaced) == superseded("t", "replaced", "t9")
+    # A skip stored by an older version without a reason still counts as skipped.
+    bare = {"__zklock_skipped__": True}
+    assert TaskOutcome.from_result("t", "SUCCESS", bare) == TaskOutcome("t", "SUCCESS", True)
+    report = check([], outcomes={"t": TaskOutcome("t", "SUCCESS", True)})
+    assert report.skip_reasons == {"?": 1} and report.ok
 
 
 # ------------------------------------------------------------------------- recorded in Redis

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,7 +20,13 @@ from celery_zklock.task.run import PREEMPTED
 from workers.checker import PREEMPTED_FAILURE, RunReport, TaskOutcome, check_run
 from workers.loadtest import HOT_KEY, LoadConfig, WorkItem, _Progress, _send_all, plan_workload
 from workers.record import Mode, SectionEvent
-from workers.tasks import PAIR_TASK, PREEMPTED_OUTCOME, TASK_FOR_MODE, loss_outcome
+from workers.tasks import (
+    DEBOUNCED_TASK,
+    PAIR_TASK,
+    PREEMPTED_OUTCOME,
+    TASK_FOR_MODE,
+    loss_outcome,
+)
 
 HOST = "w1@test"
 PREEMPT_REASON = (
@@ -432,3 +439,55 @@ def test_a_body_run_again_because_its_worker_died_before_the_ack_is_not_a_duplic
     assert check([killed(101, 10.1), *first, *again], {}).duplicate_completions == 0
     assert check([*first, killed(999, 10.5), *again], {}).duplicate_completions == 1
     assert check([*first, killed(101, 25.0), *again], {}).duplicate_completions == 1
+
+
+# ---------------------------------------------------------- debounced and replace bursts
+
+
+def test_the_burst_ratios_at_zero_leave_the_plan_as_it_was_and_bursts_keep_their_key() -> None:
+    base = LoadConfig(tasks=300, keys=6, rate_ratio=0.2, pair_ratio=0.1, preempt_ratio=0.1,
+                      scenario="hot-key", hot_share=0.3, eta_ratio=0.2)  # fmt: skip
+    assert plan_workload(base) == plan_workload(
+        LoadConfig(**{**base.__dict__, "debounce_ratio": 0.0, "replace_ratio": 0.0})
+    )
+    mixed = plan_workload(LoadConfig(**{**base.__dict__, "debounce_ratio": 0.1,
+                                        "replace_ratio": 0.1, "burst": 3}))  # fmt: skip
+    sections = [item for item in mixed if not item.unrelated]
+    assert len(sections) == len([item for item in plan_workload(base) if not item.unrelated])
+    assert len(mixed) == len(plan_workload(base))  # the unrelated tasks are all still there
+    heads = [i for i, item in enumerate(sections) if item.on_busy in ("wait", "replace")
+             and (item.debounced or item.on_busy == "replace") and not item.follows]  # fmt: skip
+    assert any(sections[i].debounced for i in heads) and any(
+        sections[i].on_busy == "replace" for i in heads
+    )
+    for i in heads:
+        burst = sections[i : i + 3]
+        assert [item.follows for item in burst] == [False, True, True], burst
+        assert len({(item.key, item.on_busy, item.debounced) for item in burst}) == 1, burst
+        head = burst[0]
+        assert head.key != HOT_KEY and head.mode == "exclusive"
+        assert all(item.rate is None and item.key_b is None and item.countdown is None
+                   for item in burst)  # fmt: skip
+    # A burst's calls are sent back to back: no unrelated task between them.
+    for before, item in pairwise(mixed):
+        if item.follows:
+            assert not before.unrelated
+
+
+def test_a_debounced_item_goes_to_the_debounced_task_and_a_replace_item_with_its_policy() -> None:
+    single, debounced = Recorder(), Recorder()
+    tasks: dict[str, Any] = {name: single for name in TASK_FOR_MODE.values()}
+    app: Any = SimpleNamespace(tasks={**tasks, DEBOUNCED_TASK: debounced})
+    plan = [
+        WorkItem("exclusive", "wait", "key-1", 10, debounced=True),
+        WorkItem("exclusive", "wait", "key-1", 10, debounced=True, follows=True),
+        WorkItem("exclusive", "replace", "key-2", 10),
+    ]
+    progress = _Progress(len(plan))
+    _send_all(app, "run", plan, LoadConfig(tasks=3, duration=0.0), progress,
+              lambda: False, 1, threading.Event())  # fmt: skip
+    assert progress.send_error is None
+    assert [args for args, _ in debounced.sent] == [("run", "key-1", 10)] * 2
+    assert single.sent == [
+        (("run", "key-2", 10), {"zklock": {"on_busy": "replace", "timeout": 20.0}})
+    ]
