@@ -277,6 +277,13 @@ def test_every_fault_three_times_over_an_ensemble(
         # window is checked on the admissions' ctimes, and no body may complete twice.
         eta_ratio=0.2,
         eta_countdown=4.0,
+        # Issue 45: a tenth of the other sections begin a burst of 3 debounced calls of their
+        # key (workers.debounced_section, 1 s of quiet) and a tenth a burst of 3 calls sent with
+        # on_busy="replace": a superseded call (a skip, debounced or replaced) must never have
+        # entered its section, and must name another call of the run.
+        debounce_ratio=0.1,
+        replace_ratio=0.1,
+        burst=3,
         visibility_timeout=6.0,
         hot_hold_ms=2000,
         unrelated=100,
@@ -316,6 +323,9 @@ def test_every_fault_three_times_over_an_ensemble(
     assert status == 0, verdict
     report = _report(tmp_path)
     assert report["rate_admissions"] > 0 and report["admissions_unread"] == 0, verdict
+    assert report["superseded_violations"] == 0, verdict
+    reasons = report["skip_reasons"]
+    assert reasons.get("debounced", 0) > 0 and reasons.get("replaced", 0) > 0, reasons
     faults = report["faults_by_kind"]
     not_run_details = [f"{f['kind']}: {f['detail']}" for f in report["faults_not_run"]]
     missing = {
