@@ -538,3 +538,17 @@ def throttled_fast(self: Any, key: str, seq: int) -> int:
               "task_id": request.id}  # fmt: skip
     _append(DIR / f"throttled-fast-{key}", record)
     return seq
+
+
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="debounced_hold", lock_key=["key"], lock_debounce=3.0,
+    lock_debounce_max=10.0, acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def debounced_hold(self: Any, key: str, value: int) -> dict[str, Any]:
+    """A debounced task (3 s of quiet) whose body records itself in ``debounced-hold-<key>``
+    and then holds its lock until the file ``release-<key>`` exists (at most 30 s)."""
+    _append(DIR / f"debounced-hold-{key}", {"task_id": self.request.id, "value": value})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+        time.sleep(0.02)
+    return {"value": value}

@@ -30,8 +30,12 @@ What survives a worker that dies mid-window: the record (persistent) and the sen
 once, later by the broker's redelivery. A message sent back comes again carrying
 :data:`DEBOUNCE_HEADER`; one that finds its result final (its skip stored by the call that
 superseded it) ends with it, and one that finds no record (deleted by a later call's run, or by
-its own earlier run) ends without a state. Called directly or eagerly, and for retries, there is
-no window: the call runs at once.
+its own earlier run) ends without a state. A message handed out again whose call already
+contends for its lock (it won its window, and its run holds or waits) is a copy of that run, not
+a call of a newer window: it goes on to its lock, where the delivery checks
+(:mod:`celery_zklock.task.delivery`) ignore it while its original lives or once the call ended,
+and run the call if its original died. Called directly or eagerly, and for retries, there is no
+window: the call runs at once.
 
 An older version's worker ignores ``lock_debounce``: a call it takes runs at once, under its
 lock, like any call of the task, and is never recorded; a new worker's window goes on.
@@ -51,7 +55,12 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 
 from celery_zklock.errors import ZooKeeperUnavailable
 from celery_zklock.task import latest, sendback
-from celery_zklock.task.delivery import DuplicateDelivery, finished_already
+from celery_zklock.task.delivery import (
+    DuplicateDelivery,
+    finished_already,
+    first_of_task,
+    read_queue,
+)
 from celery_zklock.task.generation import is_newer
 from celery_zklock.task.metrics import count_outcome
 from celery_zklock.task.policy import is_skipped, skip_result
@@ -138,6 +147,8 @@ def before_lock(run: Any, client: KazooClient) -> Any:
         if is_skipped(stored) and isinstance(stored, Mapping):
             return _skip(run, stored.get("holder"))
         raise DuplicateDelivery(f"task {run.task_id} already finished: debounce copy ignored")
+    if again and _contends(run, client):
+        return None  # a copy of a call past its window: the lock's delivery checks decide
     options = run.options
     try:
         settled = settle(client, run.path, (run.task_id, run.generation), options.debounce,
@@ -161,6 +172,16 @@ def before_lock(run: Any, client: KazooClient) -> Any:
         headers = {DEBOUNCE_HEADER: True}
         raise sendback.send_back(task, request, settled.seconds, reason, headers)
     return None
+
+
+def _contends(run: Any, client: KazooClient) -> bool:
+    """Whether the call of ``run`` holds or waits for its lock already: this message is a
+    copy of a call that won its window, whatever window a newer call began since."""
+    try:
+        queue = read_queue(client, run.path, latest.IO_TIMEOUT)
+    except (ZooKeeperUnavailable, KazooException) as exc:
+        run._unavailable(f"ZooKeeper failed while reading lock {run.path}: {exc}", exc)
+    return first_of_task(queue, run.task_id) is not None
 
 
 def _skip(run: Any, by: Any) -> Any:

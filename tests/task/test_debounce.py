@@ -5,6 +5,7 @@ window ends at its cap; a worker killed mid-window loses no call."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,47 @@ def test_a_worker_killed_mid_window_loses_no_call(
     runs = bodies(tmp, "kill")
     assert [(run["value"], run["worker"]) for run in runs] == [(4, second.nodename)], runs
     superseded_by_newer(calls, outcomes)
+
+
+def _hand_out_again(app: Celery, task_id: str) -> None:
+    """What Redis does to a message delivered longer ago than its visibility timeout: kombu's
+    restore of its unacknowledged record (the message goes back to its queue, flagged
+    redelivered, and the record goes until a worker takes the copy)."""
+    with app.connection_for_read() as conn:
+        channel: Any = conn.default_channel
+        for tag, raw in channel.client.hgetall(channel.qos.unacked_key).items():
+            if json.loads(raw)[0]["headers"]["id"] == task_id:
+                channel.qos.restore_by_tag(tag)
+                return
+    raise AssertionError(f"no unacknowledged message of task {task_id} in the broker")
+
+
+def test_a_copy_of_a_call_past_its_window_is_ignored_not_debounced(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """A call won its window and runs its body; a newer call begins a window of its own; then
+    the broker hands the first call's message out again (its visibility timeout passed while
+    the body ran). The copy is one of a call that runs, not of a call the newer one
+    superseded: it is ignored, it stores no ``debounced`` skip, and each call runs its body
+    once (issue 45's fault run at d72df47 stored a skip for a call whose body ran)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import debounced_hold, read_records
+
+    # No gate: the copy goes straight to a free pool slot, as one does past a gate whose
+    # view of the key lags (the fault run's case).
+    with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE": "false"}, tmp) as (worker,):
+        first = debounced_hold.apply_async(("copy", 0), queue=worker.queue)
+        wait_for(lambda: read_records(tmp / "debounced-hold-copy"), 30, "the first call's body")
+        newer = debounced_hold.apply_async(("copy", 1), queue=worker.queue)
+        waits = f"event=debounce-waits task_id={newer.id}"
+        wait_for(lambda: waits in worker.log_text(), 10, "the newer call's window")
+        _hand_out_again(app, first.id)
+        copy_ended = (f"[{first.id}] ignored", f"[{first.id}] succeeded")
+        wait_for(lambda: any(line in worker.log_text() for line in copy_ended), 20, "the copy")
+        (tmp / "release-copy").touch()
+        assert first.get(timeout=30) == {"value": 0}
+        assert newer.get(timeout=30) == {"value": 1}
+        log = worker.log_text()
+    assert [r["value"] for r in read_records(tmp / "debounced-hold-copy")] == [0, 1]
+    skips = [line for line in log.splitlines() if first.id in line and "'debounced'" in line]
+    assert skips == [], skips
