@@ -33,7 +33,7 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.locks import Lease, MultiLease, MultiLock, Mutex, Semaphore
-from celery_zklock.locks.contenders import Contender
+from celery_zklock.locks.contenders import Contender, lock_kind
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
@@ -162,7 +162,7 @@ class LockedRun:
         """The lock side this run contends on: a semaphore, or one side of the path's
         read-write lock (write for ``exclusive``, read for ``shared``); for several keys, the
         write side of each at once."""
-        kind = self.options.lock_kind
+        kind = lock_kind(self.options.mode, self.options.limit)
         if len(self.paths) > 1:
             return MultiLock(client, self.paths, kind=kind)
         if kind.limit is not None:
@@ -424,7 +424,7 @@ class LockedRun:
         goes, and only then is this run granted (its wait follows). Holders of a call not older than
         ours (another task's), not task runs, or paused, are waited for, up to ``lock_timeout``:
         a call never preempts a newer one, so two calls never preempt each other in turn."""
-        limit = self.options.lock_kind.limit
+        limit = self.options.limit
         first_writer = next((i for i, c in enumerate(queue) if c.kind == "write"), len(queue))
         holding = queue[:limit] if limit else queue[: max(first_writer, 1)]
         by = f"task {self.task.name}[{self.task_id}]"
