@@ -67,8 +67,7 @@ PROTECTED_PREFIX = "_c_"
 @dataclass(frozen=True)
 class LockKind:
     """What one lock kind writes and asks for: the node-name ``marker`` before the sequence
-    number, the access ``kind`` that selects the predicate ("write" excludes everyone, "read"
-    excludes writers only, "lease" admits the first ``limit`` contenders), and ``limit``: ``N``
+    number, the access ``kind`` (:data:`Kind`) that selects the predicate, and ``limit``: ``N``
     for "lease" (a whole number >= 1), None for the others. Raises ValueError otherwise."""
 
     marker: str
@@ -103,11 +102,7 @@ LockMode = Literal["exclusive", "shared", "semaphore"]
 """A lock kind as users name it (``lock_mode``, ``celery zklock locks``): ``exclusive`` asks for
 "write" access, ``shared`` for "read", ``semaphore`` for one of ``limit`` "lease"s."""
 LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
-_MODE_OF_KIND: Final[dict[Kind, LockMode]] = {
-    "write": "exclusive",
-    "read": "shared",
-    "lease": "semaphore",
-}
+_MODE_OF_KIND: dict[Kind, LockMode] = {"write": "exclusive", "read": "shared", "lease": "semaphore"}
 
 
 def lock_kind(mode: LockMode, limit: int | None = None) -> LockKind:
