@@ -21,7 +21,6 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kazoo.client import KazooClient
 
 from celery_zklock import ZkLockTask, signals
-from celery_zklock.locks import MultiLease
 from celery_zklock.locks.rate import Rate
 from celery_zklock.task.options import request_overrides
 from celery_zklock.testing import introspect  # noqa: F401  (the zklock_live command)
@@ -344,8 +343,7 @@ def gated_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
 def transfer(self: Any, src: str, dst: str, hold_s: float) -> dict[str, Any]:
     """Locks the keys ``src`` and ``dst`` of :func:`gated_section`'s locks at once: one
     witnessed section on each (one on both when they are equal); returns each path's token."""
-    lease = self.lock
-    tokens = lease.tokens if isinstance(lease, MultiLease) else {lease.path: lease.token}
+    tokens = self.lock.tokens
     holder = f"{self.request.id}-t{'-'.join(map(str, tokens.values()))}"
     with contextlib.ExitStack() as sections:
         for key in sorted({src, dst}):

@@ -45,7 +45,7 @@ from celery import Celery
 from celery_zklock import LockLost, ZkLockTask
 from celery_zklock.errors import LossCode
 from celery_zklock.fence import FenceOutcome, RedisFence
-from celery_zklock.locks import MultiLease
+from celery_zklock.locks import Lease, MultiLease
 from celery_zklock.locks.rate import parse_rate
 from celery_zklock.task.options import request_overrides
 from celery_zklock.task.run import PREEMPTED
@@ -121,7 +121,7 @@ def run_section(
     recording ``exit``; returns the token, whether the fenced write was accepted, and where it ran.
     """
     lease = task.lock
-    assert not isinstance(lease, MultiLease), "a section locks one key"
+    assert isinstance(lease, Lease), "a section locks one key"
     rate, admitted = _admission(task, lease.node)
     return _run_sections(
         task,
@@ -406,8 +406,9 @@ def pair_section(
     nothing) for ``hold_ms``: the section of :func:`run_section`, recorded for each key with
     that key's token. The same key twice is one key (the library takes one lock)."""
     lease = self.lock
-    if not isinstance(lease, MultiLease):
+    if isinstance(lease, Lease):
         return _run_sections(self, run_id, [(key_a, lease.token, lease.node)], hold_ms, "exclusive")
+    assert isinstance(lease, MultiLease)
     single = self.app.tasks[EXCLUSIVE_TASK]
     by_path = {lease.path: lease for lease in lease.leases}
     held = []

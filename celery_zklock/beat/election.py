@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final
 
 from celery_zklock.locks import Lease, Mutex
+from celery_zklock.locks.lease import HeldLease
 
 logger = logging.getLogger("celery_zklock.beat")
 
@@ -28,19 +29,6 @@ class NotLeader(BaseException):
     A ``BaseException``: it must pass through the ``except Exception`` with which Celery's
     ``Scheduler.apply_entry`` logs and swallows a failed send, up to :meth:`LeaderScheduler.tick`.
     """
-
-
-class HeldLease(Protocol):
-    """What a term needs of its lease (a :class:`~celery_zklock.Lease`)."""
-
-    @property
-    def held(self) -> bool: ...
-
-    @property
-    def lost_reason(self) -> str | None: ...
-
-    @property
-    def token(self) -> int: ...
 
 
 def ensure_held(lease: HeldLease) -> None:

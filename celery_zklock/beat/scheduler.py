@@ -25,7 +25,7 @@ from celery.utils.imports import load_extension_class_names, symbol_by_name
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from celery_zklock.beat.election import Elector, HeldLease, NotLeader, SendLock, ensure_held
+from celery_zklock.beat.election import Elector, NotLeader, SendLock, ensure_held
 from celery_zklock.beat.state import (
     RunRecord,
     StateStore,
@@ -39,6 +39,7 @@ from celery_zklock.beat.state import (
 )
 from celery_zklock.errors import ConfigurationError, ZooKeeperUnavailable
 from celery_zklock.locks import Lease, Mutex
+from celery_zklock.locks.lease import HeldLease
 from celery_zklock.zk import adapter
 from celery_zklock.zk.client import new_client, tls_problem
 from celery_zklock.zk.settings import DEFAULT_BEAT_SCHEDULER, settings_of, text_setting

@@ -17,6 +17,9 @@ Contenders written by kazoo's recipes (``<hex>__lock__<seq>``, ``<hex>__rlock__<
 same path are recognised and respected too. Contenders are ordered by the integer sequence
 ZooKeeper appended, never by the whole name.
 
+Users name a lock kind by its :data:`LockMode`; :func:`lock_kind` maps it to the
+:class:`LockKind` a queue contends with, :attr:`Contender.mode` a contender's :data:`Kind` back.
+
 A semaphore's limit ``N`` is stored in the data of the lock's parent node (``max_leases=N``,
 :func:`limit_data`), so that contenders disagreeing on ``N`` are caught
 (:func:`limit_agreement`) instead of each counting to its own ``N``.
@@ -27,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.identity import Identity
@@ -64,8 +67,7 @@ PROTECTED_PREFIX = "_c_"
 @dataclass(frozen=True)
 class LockKind:
     """What one lock kind writes and asks for: the node-name ``marker`` before the sequence
-    number, the access ``kind`` that selects the predicate ("write" excludes everyone, "read"
-    excludes writers only, "lease" admits the first ``limit`` contenders), and ``limit``: ``N``
+    number, the access ``kind`` (:data:`Kind`) that selects the predicate, and ``limit``: ``N``
     for "lease" (a whole number >= 1), None for the others. Raises ValueError otherwise."""
 
     marker: str
@@ -96,10 +98,20 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def lease_kind(limit: int) -> LockKind:
-    """Curator ``InterProcessSemaphore`` (v1) / our :class:`~celery_zklock.Semaphore` with
-    ``limit`` leases: nodes ``_c_<uuid>-lock-<seq>``, the "lease" predicate."""
-    return LockKind(MUTEX_MARKER, "lease", limit)
+LockMode = Literal["exclusive", "shared", "semaphore"]
+"""A lock kind as users name it (``lock_mode``, ``celery zklock locks``): ``exclusive`` asks for
+"write" access, ``shared`` for "read", ``semaphore`` for one of ``limit`` "lease"s."""
+LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
+_MODE_OF_KIND: dict[Kind, LockMode] = {"write": "exclusive", "read": "shared", "lease": "semaphore"}
+
+
+def lock_kind(mode: LockMode, limit: int | None = None) -> LockKind:
+    """What a lock of ``mode`` contends for: the write side of a read-write lock
+    (``exclusive``), its read side (``shared``), or one of ``limit`` leases (``semaphore``, in
+    Curator's ``InterProcessSemaphore`` v1 layout; ValueError without a whole ``limit`` >= 1)."""
+    if mode == "semaphore":
+        return LockKind(MUTEX_MARKER, "lease", limit)
+    return WRITE if mode == "exclusive" else READ
 
 
 def protected_prefix(uuid: str) -> str:
@@ -131,6 +143,11 @@ class Contender:
     def retries(self) -> int:
         """The retries of the run that made the node (0 if unread or not a run's node)."""
         return 0 if self.identity is None else self.identity.retries
+
+    @property
+    def mode(self) -> LockMode:
+        """``exclusive`` (write), ``shared`` (read) or ``semaphore`` (lease)."""
+        return _MODE_OF_KIND[self.kind]
 
 
 def parse_child(name: str) -> Contender | None:

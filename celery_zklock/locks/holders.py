@@ -34,6 +34,7 @@ from celery_zklock.locks.contenders import (
     PROTECTED_PREFIX,
     Contender,
     Kind,
+    LockMode,
     decide,
     parse_limit,
     queue_of,
@@ -53,7 +54,6 @@ __all__ = [
     "Entry",
     "Holder",
     "LockState",
-    "Mode",
     "lock_state",
     "read_lock",
     "read_states",
@@ -62,13 +62,6 @@ __all__ = [
 
 READ_TIMEOUT: Final = 10.0
 """Seconds ZooKeeper may take to answer one reading of the locks (else ZooKeeperUnavailable)."""
-
-Mode = Literal["exclusive", "shared", "semaphore"]
-_MODE_OF_KIND: Final[dict[Kind, Mode]] = {
-    "write": "exclusive",
-    "read": "shared",
-    "lease": "semaphore",
-}
 
 
 @dataclass(frozen=True)
@@ -106,11 +99,6 @@ class Entry(Contender):
     created: float
     """Unix time (seconds) the node was created, by the server's clock."""
     session: int
-
-    @property
-    def mode(self) -> Mode:
-        """``exclusive`` (write), ``shared`` (read) or ``semaphore`` (lease)."""
-        return _MODE_OF_KIND[self.kind]
 
     def age(self, now: float) -> float:
         """Seconds since the node was created, at Unix time ``now`` (never negative)."""
@@ -153,7 +141,7 @@ class LockState:
         return tuple(e for e in self.entries if not e.holds)
 
     @property
-    def mode(self) -> Mode | None:
+    def mode(self) -> LockMode | None:
         """The mode the lock is held in (None if nobody holds it)."""
         holders = self.holders
         return holders[0].mode if holders else None

@@ -1,4 +1,5 @@
-"""A granted lock: :class:`Lease`, the user's handle, over :class:`Hold`, the record of our node.
+"""A granted lock: :class:`Lease`, the user's handle, over :class:`Hold`, the record of our node;
+:class:`HeldLease`, what it has in common with a :class:`~celery_zklock.locks.multi.MultiLease`.
 
 A lease is also lost when an operator breaks it: the format of a break request is in
 :mod:`celery_zklock.locks.identity`.
@@ -11,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from celery_zklock.errors import LockLost, LossCode
 from celery_zklock.locks.contenders import Kind
@@ -19,6 +20,7 @@ from celery_zklock.locks.contenders import Kind
 logger = logging.getLogger("celery_zklock.locks")
 
 LostCallback = Callable[[str], None]
+_Self = TypeVar("_Self", bound="HeldLease")
 
 
 class Clock(Protocol):
@@ -111,7 +113,48 @@ class Hold:
                 self._callbacks.remove(callback)
 
 
-class Lease:
+class HeldLease(Protocol):
+    """A granted lock of one path (:class:`Lease`) or several (:class:`~celery_zklock.locks.multi.
+    MultiLease`), as code taking either (a task's ``self.lock``) uses it: fencing ``tokens`` by
+    path (``token`` with one path), ``held``/``lost`` and why, the loss callbacks, :meth:`check`
+    and one idempotent :meth:`release`. A context manager: released on exit; a block that ends
+    without an exception raises :class:`LockLost` if it was lost meanwhile (it ran unlocked)."""
+
+    @property
+    def token(self) -> int: ...
+    @property
+    def tokens(self) -> dict[str, int]: ...
+    @property
+    def held(self) -> bool: ...
+    @property
+    def lost(self) -> bool: ...
+    @property
+    def lost_reason(self) -> str | None: ...
+    @property
+    def lost_code(self) -> LossCode | None: ...
+    @property
+    def valid_for(self) -> float: ...
+    def check(self) -> None: ...
+    def on_check_raises(self, callback: Callable[[], None] | None) -> None: ...
+    def on_lost(self, callback: LostCallback) -> None: ...
+    def remove_on_lost(self, callback: LostCallback) -> None: ...
+    def release(self) -> None: ...
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+        if exc_type is None:
+            self.check()
+
+
+class Lease(HeldLease):
     """A lock granted by :meth:`Mutex.acquire` (or a side of :class:`ReadWriteLock`).
 
     Attributes:
@@ -128,11 +171,7 @@ class Lease:
     grant the lock to someone else; and when an operator breaks it (a break request in the
     node's data, see :mod:`celery_zklock.locks.identity`), which the holder learns once the
     lease has been held for a renewal interval. Use :meth:`check` at safe points and
-    :meth:`on_lost` to be told.
-
-    Used as a context manager the lease is released on exit; if it was lost while the block ran
-    and no other exception is propagating, ``__exit__`` raises :class:`LockLost`, because the
-    block did not run under the lock.
+    :meth:`on_lost` to be told. As a context manager: see :class:`HeldLease`.
     """
 
     def __init__(self, hold: Hold, release: Callable[[Hold], None]) -> None:
@@ -152,6 +191,10 @@ class Lease:
     @property
     def path(self) -> str:
         return self._hold.path
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        return {self._hold.path: self._hold.token}
 
     @property
     def kind(self) -> Kind:
@@ -245,19 +288,6 @@ class Lease:
             return
         self._released = True
         self._release(self._hold)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-        if exc_type is None:
-            self.check()
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"

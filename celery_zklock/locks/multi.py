@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from types import TracebackType
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -43,7 +42,7 @@ from kazoo.exceptions import (
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
 from celery_zklock.locks.contenders import MUTEX, Kind, LockKind
 from celery_zklock.locks.context import ClientContext, context_for
-from celery_zklock.locks.lease import Lease, LostCallback, holds_of
+from celery_zklock.locks.lease import HeldLease, Lease, LostCallback, holds_of
 from celery_zklock.locks.mutex import Mutex
 from celery_zklock.locks.queue import validate_lock_path
 from celery_zklock.zk.calls import Deadline
@@ -53,7 +52,7 @@ logger = logging.getLogger("celery_zklock.locks")
 __all__ = ["MultiLease", "MultiLock"]
 
 
-class MultiLease:
+class MultiLease(HeldLease):
     """The leases of one :class:`MultiLock` acquire, held together: ``tokens`` maps each path
     to its fencing token; ``lost`` as soon as any of them is lost; one :meth:`release`."""
 
@@ -73,6 +72,11 @@ class MultiLease:
     def tokens(self) -> dict[str, int]:
         """``{path: fencing token}``."""
         return {lease.path: lease.token for lease in self.leases}
+
+    @property
+    def held(self) -> bool:
+        """True while every lease is held (none released nor lost)."""
+        return all(lease.held for lease in self.leases)
 
     @property
     def lost(self) -> bool:
@@ -125,21 +129,6 @@ class MultiLease:
         """Release every lease (in the reverse order of their acquire). Idempotent."""
         for lease in reversed(self.leases):
             lease.release()
-
-    def __enter__(self) -> MultiLease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Release; as :class:`~celery_zklock.Lease` does, raise LockLost if a lease was lost
-        while the block ran and no other exception is propagating."""
-        self.release()
-        if exc_type is None:
-            self.check()
 
     def __repr__(self) -> str:
         return f"MultiLease({self.tokens!r}, lost={self.lost})"

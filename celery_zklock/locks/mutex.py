@@ -69,8 +69,7 @@ class Mutex:
 
     @property
     def kind(self) -> Kind:
-        """``"write"`` (excludes everyone), ``"read"`` (excludes writers only) or ``"lease"``
-        (one of a :class:`~celery_zklock.Semaphore`'s leases)."""
+        """The access its contenders ask for (:data:`~celery_zklock.locks.contenders.Kind`)."""
         return self._queue.lock_kind.kind
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from celery_zklock.locks.contenders import check_limit, lease_kind
+from celery_zklock.locks.contenders import lock_kind
 from celery_zklock.locks.mutex import Mutex
 
 
@@ -40,7 +40,7 @@ class Semaphore(Mutex):
     """
 
     def __init__(self, client: KazooClient, path: str, max_leases: int) -> None:
-        super().__init__(client, path, kind=lease_kind(check_limit(max_leases)))
+        super().__init__(client, path, kind=lock_kind("semaphore", max_leases))
         self._max_leases = max_leases
 
     @property

@@ -49,7 +49,7 @@ from celery import states
 from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 
-from celery_zklock.locks.contenders import Contender
+from celery_zklock.locks.contenders import Contender, Kind
 from celery_zklock.locks.identity import parse_identity
 from celery_zklock.locks.queue import read_queues
 from celery_zklock.task.interrupt import STOPPING
@@ -106,7 +106,7 @@ def first_of_task(queue: Sequence[Contender], task_id: str | None) -> Contender 
     return next((c for c in queue if c.task_id == task_id), None)
 
 
-def blocker(queue: Sequence[Contender], kind: str) -> Contender | None:
+def blocker(queue: Sequence[Contender], kind: Kind) -> Contender | None:
     """The node a new contender of ``kind`` would wait for first: the holder, for reports."""
     return next((c for c in queue if kind == "write" or c.kind == "write"), None)
 

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks.contenders import READ, WRITE, LockKind, lease_kind
+from celery_zklock.locks.contenders import LOCK_MODES, LockMode
 from celery_zklock.locks.rate import Rate, parse_rate
 from celery_zklock.task.keys import KeyBuilder, LockKeySpec, SeveralKeys, check_lock_key_spec
 from celery_zklock.task.policy import expect_preempted
@@ -71,7 +71,6 @@ __all__ = [
     "with_call_overrides",
 ]
 
-LockMode = Literal["exclusive", "shared", "semaphore"]
 OnBusy = Literal["skip", "wait", "retry", "raise", "preempt", "replace"]
 OnTimeout = Literal["skip", "retry", "raise"]
 OnLost = Literal["raise", "retry"]
@@ -79,7 +78,6 @@ OnUnavailable = Literal["wait", "retry", "raise"]
 Dedupe = Literal["queued", "running"]
 DedupeUnavailable = Literal["raise", "send"]
 
-LOCK_MODES: Final[tuple[LockMode, ...]] = get_args(LockMode)
 ON_BUSY_POLICIES: Final[tuple[OnBusy, ...]] = get_args(OnBusy)
 ON_TIMEOUT_POLICIES: Final[tuple[OnTimeout, ...]] = get_args(OnTimeout)
 ON_LOST_POLICIES: Final[tuple[OnLost, ...]] = get_args(OnLost)
@@ -265,15 +263,6 @@ class LockOptions:
     the app's ``zklock_dedupe_timeout``: ``raise`` (``apply_async`` raises
     ``ZooKeeperUnavailable`` and nothing is sent) or ``send`` (the message is sent without
     deduplication, with a warning)."""
-
-    @property
-    def lock_kind(self) -> LockKind:
-        """What a run with these options contends for: the write side of the key's read-write
-        lock (``exclusive``), its read side (``shared``), or one of ``limit`` leases."""
-        if self.mode == "semaphore":
-            assert self.limit is not None  # required with this mode
-            return lease_kind(self.limit)
-        return WRITE if self.mode == "exclusive" else READ
 
     rate: Rate | None = None
     """``lock_rate``: at most N runs per period per lock key, fleet-wide, in Celery's syntax
@@ -542,7 +531,7 @@ def _several(key: object) -> bool:
     return isinstance(key, SeveralKeys) and len(key.parameters) > 1
 
 
-def _check_limit_with_mode(naming: Naming, mode: str, limit: int | None) -> None:
+def _check_limit_with_mode(naming: Naming, mode: LockMode, limit: int | None) -> None:
     """The rule between two options: a limit with ``semaphore``, and with it only."""
     mode_label, limit_label = naming.label("mode"), naming.label("limit")
     if mode == "semaphore" and limit is None:

@@ -32,10 +32,11 @@ from celery_zklock.errors import (
     RateLimited,
     ZooKeeperUnavailable,
 )
-from celery_zklock.locks import Lease, MultiLease, MultiLock, Mutex, Semaphore
-from celery_zklock.locks.contenders import Contender
+from celery_zklock.locks import Lease, MultiLock, Mutex
+from celery_zklock.locks.contenders import Contender, lock_kind
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
+from celery_zklock.locks.lease import HeldLease
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
 from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
@@ -70,25 +71,21 @@ MAX_LOOKS: Final = 3
 
 _held = threading.local()
 
-Held = Lease | MultiLease
-"""What a run holds: one lock's lease, or the leases of a task that locks several keys."""
 
-
-def current_lease() -> Held | None:
+def current_lease() -> HeldLease | None:
     """The lease of the innermost locked body running on this thread (or greenlet), if any."""
-    stack: list[Held] = getattr(_held, "stack", [])
+    stack: list[HeldLease] = getattr(_held, "stack", [])
     return stack[-1] if stack else None
 
 
-def fence_of(lease: Held) -> int | tuple[int, ...]:
+def fence_of(lease: HeldLease) -> int | tuple[int, ...]:
     """The fencing token a run's events name: the lease's, or for several keys each path's, in
     the order of the paths (the order of ``LockedRun.path``)."""
-    if isinstance(lease, MultiLease):
-        return tuple(lease.tokens.values())
-    return lease.token
+    tokens = tuple(lease.tokens.values())
+    return tokens if len(tokens) > 1 else tokens[0]
 
 
-def loss_code(lease: Held) -> LossCode | None:
+def loss_code(lease: HeldLease) -> LossCode | None:
     """Why ``lease`` was lost, as the run tells it: the lease's code, except that a break
     asked by a newer ``preempt`` call (:data:`PREEMPTED` in its reason) is ``PREEMPTED``."""
     code = lease.lost_code
@@ -111,7 +108,7 @@ class LockedRun:
         self.task_id = request.id
         self.generation = generation_of_run(request)  # see celery_zklock.task.generation
         self.in_worker = not (request.called_directly or request.is_eager)
-        self.lease: Held | None = None
+        self.lease: HeldLease | None = None
         self.started = time.monotonic()
         self.granted_at: float | None = None
         self.lost_told = False
@@ -159,14 +156,11 @@ class LockedRun:
             self._log("marker-left", self.path, error=repr(exc))
 
     def _side(self, client: KazooClient) -> Mutex | MultiLock:
-        """The lock side this run contends on: a semaphore, or one side of the path's
-        read-write lock (write for ``exclusive``, read for ``shared``); for several keys, the
-        write side of each at once."""
-        kind = self.options.lock_kind
+        """The lock side this run contends on: the lock kind of its mode
+        (:func:`~celery_zklock.locks.contenders.lock_kind`) on its path, or on each of its paths."""
+        kind = lock_kind(self.options.mode, self.options.limit)
         if len(self.paths) > 1:
             return MultiLock(client, self.paths, kind=kind)
-        if kind.limit is not None:
-            return Semaphore(client, self.path, kind.limit)
         return Mutex(client, self.path, kind=kind)
 
     def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
@@ -424,7 +418,7 @@ class LockedRun:
         goes, and only then is this run granted (its wait follows). Holders of a call not older than
         ours (another task's), not task runs, or paused, are waited for, up to ``lock_timeout``:
         a call never preempts a newer one, so two calls never preempt each other in turn."""
-        limit = self.options.lock_kind.limit
+        limit = self.options.limit
         first_writer = next((i for i, c in enumerate(queue) if c.kind == "write"), len(queue))
         holding = queue[:limit] if limit else queue[: max(first_writer, 1)]
         by = f"task {self.task.name}[{self.task_id}]"
@@ -496,7 +490,7 @@ class LockedRun:
         raise sendback.send_back(self.task, self.request, opens_in, reason, due=due)
 
     # -- hold and release -----------------------------------------------------------------
-    def _hold(self, lease: Held, body: Callable[[], Any]) -> Any:
+    def _hold(self, lease: HeldLease, body: Callable[[], Any]) -> Any:
         """Announce the grant, arm the body's interruption and run it (None if lost)."""
         task, task_id, path = self.task, self.task_id, self.path
         waited = (self.granted_at or self.started) - self.started
@@ -517,7 +511,7 @@ class LockedRun:
             finally:
                 told.set()
 
-        stack: list[Held] = _held.__dict__.setdefault("stack", [])
+        stack: list[HeldLease] = _held.__dict__.setdefault("stack", [])
         try:
             try:
                 stack.append(lease)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Final
 
 from celery import Task, uuid
 
-from celery_zklock.locks import Lease, MultiLease
+from celery_zklock.locks.lease import HeldLease
 from celery_zklock.task import generation, lookup, visibility
 from celery_zklock.task.dedupe import enqueue_once
 from celery_zklock.task.options import (
@@ -142,7 +142,7 @@ class ZkLockTask(Task):  # type: ignore[misc]
 
     # -- running -------------------------------------------------------------------------
     @property
-    def lock(self) -> Lease | MultiLease:
+    def lock(self) -> HeldLease:
         """The Lease the running body holds (a MultiLease for several keys), or RuntimeError."""
         lease = current_lease()
         if lease is None:

@@ -9,6 +9,7 @@ import pytest
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import (
+    LOCK_MODES,
     READ,
     WRITE,
     Contender,
@@ -16,9 +17,9 @@ from celery_zklock.locks.contenders import (
     LockKind,
     decide,
     first_blocker,
-    lease_kind,
     limit_agreement,
     limit_data,
+    lock_kind,
     parse_child,
     parse_limit,
     protected_prefix,
@@ -235,18 +236,26 @@ def test_lease_needs_a_whole_limit_and_other_kinds_none(limit: object) -> None:
     with pytest.raises(ValueError, match="max_leases must be a whole number >= 1"):
         decide(queue, queue[0].name, "lease", limit)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_leases must be a whole number >= 1"):
-        lease_kind(limit)  # type: ignore[arg-type]
+        lock_kind("semaphore", limit)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="only a 'lease' lock kind has a limit"):
         decide(queue, queue[0].name, "write", 2)
     with pytest.raises(ValueError, match="only a 'lease' lock kind has a limit"):
         LockKind("lock-", "read", 1)
 
 
-def test_lease_kind_writes_curator_semaphore_v1_nodes() -> None:
-    kind = lease_kind(3)
+def test_semaphore_kind_writes_curator_semaphore_v1_nodes() -> None:
+    kind = lock_kind("semaphore", 3)
     assert (kind.marker, kind.kind, kind.limit) == ("lock-", "lease", 3)
     name = f"{protected_prefix(UUID)}{kind.marker}0000000005"
     assert parse_child(name) == Contender(5, name, "write")  # a mutex's name: N tells them apart
+
+
+def test_each_mode_has_one_kind_and_shows_as_itself() -> None:
+    assert LOCK_MODES == ("exclusive", "shared", "semaphore")
+    assert (lock_kind("exclusive"), lock_kind("shared")) == (WRITE, READ)
+    for mode in LOCK_MODES:
+        kind = lock_kind(mode, 2 if mode == "semaphore" else None)
+        assert Contender(1, "n", kind.kind).mode == mode
 
 
 @pytest.mark.parametrize("size", range(0, 8))
@@ -254,7 +263,7 @@ def test_first_blocker_is_the_node_a_new_acquire_would_watch(size: int) -> None:
     for kinds in itertools.product(("read", "write"), repeat=size):
         names = _mixed_names(kinds)
         queue = queue_of(names)
-        for kind in [READ, WRITE, *(lease_kind(n) for n in range(1, size + 2))]:
+        for kind in [READ, WRITE, *(lock_kind("semaphore", n) for n in range(1, size + 2))]:
             marker = {"read": "__READ__", "write": "__WRIT__", "lease": "lock-"}[kind.kind]
             newcomer = f"_c_{UUID}-{marker}{size:010d}"
             decision = decide(queue_of([*names, newcomer]), newcomer, kind.kind, kind.limit)

@@ -3,7 +3,7 @@ the pool, for each lock kind, given the lock's queue and what this worker alread
 
 from __future__ import annotations
 
-from celery_zklock.locks.contenders import READ, WRITE, lease_kind, queue_of
+from celery_zklock.locks.contenders import READ, WRITE, lock_kind, queue_of
 from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
 
 WRITER = "_c_a-__WRIT__0000000001"
@@ -25,7 +25,7 @@ def test_reader_is_not_held_behind_readers() -> None:
 
 
 def test_semaphore_admits_up_to_its_limit() -> None:
-    two = lease_kind(2)
+    two = lock_kind("semaphore", 2)
     assert may_enter(two, queue_of([LEASE]), [two])
     assert not may_enter(two, queue_of([LEASE, "_c_d-lock-0000000004"]), [])
     assert not may_enter(two, [], [two, two])

@@ -116,3 +116,26 @@ def test_the_events_token_of_several_keys_is_hashable_and_in_path_order() -> Non
     lease = MultiLease([Held("/r/a", 9), Held("/r/b", 4)])  # type: ignore[list-item]
     assert fence_of(lease) == (9, 4)
     assert hash(("task", "/r/a + /r/b", fence_of(lease)))
+
+
+def test_one_lease_and_several_answer_as_one_protocol() -> None:
+    """A task's ``self.lock`` is a HeldLease: ``tokens`` by path and ``held`` on both kinds."""
+    from celery_zklock.locks import MultiLease
+    from celery_zklock.locks.lease import Hold, Lease
+    from celery_zklock.task.run import fence_of
+
+    class Clock:
+        def expire_if_due(self) -> None: ...
+
+        def valid_until(self) -> float:
+            return float("inf")
+
+    def lease(path: str, token: int) -> Lease:
+        return Lease(Hold(Clock(), path, f"{path}/n", "write", token, 1, 0, 0), lambda h: None)
+
+    one, both = lease("/r/a", 9), MultiLease([lease("/r/a", 9), lease("/r/b", 4)])
+    assert (one.tokens, fence_of(one)) == ({"/r/a": 9}, 9)
+    assert (both.tokens, fence_of(both)) == ({"/r/a": 9, "/r/b": 4}, (9, 4))
+    assert one.held and both.held
+    both.leases[1].release()
+    assert not both.held and not both.lost

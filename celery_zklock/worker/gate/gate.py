@@ -53,7 +53,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks.contenders import LockKind, first_blocker, queue_of
+from celery_zklock.locks.contenders import LockKind, first_blocker, lock_kind, queue_of
 from celery_zklock.locks.identity import parse_identity
 from celery_zklock.task import outage, sendback, visibility
 from celery_zklock.task.metrics import count_held
@@ -236,7 +236,7 @@ class Gate:
             path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
         except Exception:
             return None
-        return path, options.lock_kind, options.timeout, waits
+        return path, lock_kind(options.mode, options.limit), options.timeout, waits
 
     def _hold(self, line: KeyLine, held: Held, in_place: bool = False) -> None:
         """Hold ``held`` at the end of its line, or ``in_place`` by when it first reached a
