@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -991,7 +991,8 @@ def _drive(
         unrelated, done_at = set(progress.unrelated), dict(progress.done_at)
     say(f"tasks sent and settled in {elapsed:.1f} s")
     unsettled = [t for t in submitted if t not in outcomes]
-    resent = _resent(run, unsettled)
+    returns = _broker_returns(run, unsettled)
+    resent = {t: back.since for t, back in returns.items() if back.since}
     report = check_run(
         submitted=submitted,
         outcomes=outcomes,
@@ -999,7 +1000,7 @@ def _drive(
         faults=faults,
         leftover_nodes=leftovers,
         never_delivered=_never_delivered(run, unsettled, say),
-        never_received=_never_received(run, unsettled, say, resent),
+        never_received=_never_received(run, unsettled, say, returns),
         resent=resent,
         unrelated=unrelated,
         done_at=done_at,
@@ -1046,32 +1047,23 @@ def _never_received(
     run: _Run,
     unsettled: Sequence[str],
     say: Callable[[str], None],
-    resent: Mapping[str, float] | None = None,
+    returns: Mapping[str, BrokerReturn] | None = None,
 ) -> set[str] | None:
     """Of the tasks without a final state, those that no worker of a local fleet logged as
-    received (``Task NAME[ID] received``: a worker took the message from the broker and
-    recorded it as delivered) since the last time a worker sent its message back (``resent``,
-    see :func:`_resent`); None for an external fleet, whose logs are not here. Says, for each
-    received one, which worker logged it and when."""
+    received since their message last went back to the broker (``returns``, see
+    :func:`broker_returns`); None for an external fleet, whose logs are not here. Says, for
+    each received one, which worker logged it."""
     if run.fleet is None:
         return None
-    if not unsettled:
-        return set()
-    logs = {w.label: w.log_text() if w.log_path.exists() else "" for w in run.fleet}
     received = set()
     for task_id in unsettled:
-        since = (resent or {}).get(task_id, 0.0)
-        where = [
-            label
-            for label, text in logs.items()
-            for line in text.splitlines()
-            if f"[{task_id}] received" in line and _logged_at(line) >= since
-        ]
-        if where:
+        back = (returns or {}).get(task_id, BrokerReturn())
+        if back.received_by:
             received.add(task_id)
-            say(f"  unsettled task {task_id}: received by {', '.join(where)} (its log)")
-        elif since:
-            say(f"  unsettled task {task_id}: not received since its message was sent again")
+            say(f"  unsettled task {task_id}: received by {', '.join(back.received_by)} (its log)")
+        elif back.since:
+            say(f"  unsettled task {task_id}: not received since its message went back to the "
+                f"broker ({back.how})")  # fmt: skip
     return set(unsettled) - received
 
 
@@ -1079,24 +1071,76 @@ _RESENT_MARKS: Final = ("] retry: ", "event=sent-back task_id=", "go back to the
 """Worker log lines that send a task's message to the broker again: Celery's retry, a run's
 send-back in a ZooKeeper outage, the gate's give-back at the broker's bound (which names the
 task ids it gives back)."""
+RECEIVED_MARK: Final = "] received"
+"""Celery's ``Task NAME[ID] received``: a worker took the message and recorded it delivered."""
+BANNER_MARK: Final = " -------------- "
+"""The first line of Celery's start banner: a worker (re)started in the log it appends to."""
+RESEND_LOG_LAG: Final = 0.5
+"""Seconds by which a worker may take a re-sent message before the sender logs the send (the
+line is written once the publish returned): such a receipt is of the new message."""
 
 
-def _resent(run: _Run, unsettled: Sequence[str]) -> dict[str, float]:
-    """The last instant (from the workers' logs) at which a worker sent each unsettled task's
-    message to the broker again, for the tasks for which one did."""
+@dataclass(frozen=True)
+class BrokerReturn:
+    """When a task's message last went back to the broker (``since``, 0.0 if never: then it
+    counts from its submission) and how (``how``), and which workers logged it received since
+    (``received_by``). A message goes back when a worker sends it again (a retry, a send-back,
+    a give-back: :data:`_RESENT_MARKS`) and when the worker that received it last restarts
+    before the task ended: it died with the message unacknowledged, which the broker hands out
+    again (Redis after its visibility timeout). The restart's first logged line stands for the
+    death (it comes later: the stricter count)."""
+
+    since: float = 0.0
+    how: str = ""
+    received_by: tuple[str, ...] = ()
+
+
+def _broker_returns(run: _Run, unsettled: Sequence[str]) -> dict[str, BrokerReturn]:
     if run.fleet is None or not unsettled:
         return {}
-    wanted = set(unsettled)
-    last: dict[str, float] = {}
-    for worker in run.fleet:
-        text = worker.log_text() if worker.log_path.exists() else ""
+    logs = {w.label: w.log_text() if w.log_path.exists() else "" for w in run.fleet}
+    return broker_returns(logs, unsettled)
+
+
+def broker_returns(logs: Mapping[str, str], task_ids: Iterable[str]) -> dict[str, BrokerReturn]:
+    """:class:`BrokerReturn` of each of ``task_ids`` from the fleet's worker logs (label ->
+    text; a restarted worker appends to its log, under a new banner)."""
+    wanted = set(task_ids)
+    marks: dict[str, float] = {}
+    receipts: dict[str, list[tuple[float, str]]] = {}
+    restarts: dict[str, list[float]] = {}
+    for label, text in logs.items():
+        banners, restarted = 0, False
         for line in text.splitlines():
-            if not any(mark in line for mark in _RESENT_MARKS):
+            if line.startswith(BANNER_MARK):
+                banners += 1
+                restarted = banners > 1
+                continue
+            at = _logged_at(line)
+            if restarted and at:
+                restarts.setdefault(label, []).append(at)
+                restarted = False
+            resends = any(mark in line for mark in _RESENT_MARKS)
+            if not resends and RECEIVED_MARK not in line:
                 continue
             for task_id in wanted:
-                if task_id in line:
-                    last[task_id] = max(last.get(task_id, 0.0), _logged_at(line))
-    return last
+                if resends and task_id in line:
+                    marks[task_id] = max(marks.get(task_id, 0.0), at)
+                elif f"[{task_id}{RECEIVED_MARK}" in line:
+                    receipts.setdefault(task_id, []).append((at, label))
+    found = {}
+    for task_id in wanted:
+        since = marks.get(task_id, 0.0)
+        how, lag = ("sent again by a worker", RESEND_LOG_LAG) if since else ("", 0.0)
+        taken = sorted(r for r in receipts.get(task_id, []) if r[0] >= since - lag)
+        if taken:  # the last receipt's worker restarted after it: back in the broker since
+            at, label = taken[-1]
+            death = next((s for s in restarts.get(label, []) if s > at), None)
+            if death is not None:
+                since, how = death, f"the worker that received it last, {label}, restarted"
+                taken = []
+        found[task_id] = BrokerReturn(since, how, tuple(dict.fromkeys(lbl for _, lbl in taken)))
+    return found
 
 
 def _logged_at(line: str) -> float:

@@ -1080,3 +1080,44 @@ def test_worker_log_instants_are_read_as_the_host_writes_them() -> None:
     line = "[2026-11-28 05:05:58,867: INFO/MainProcess] Task t[x] retry: Retry in 5.0s"
     assert _logged_at(line) == datetime(2026, 11, 28, 5, 5, 58, 867000).timestamp()
     assert _logged_at("Traceback (most recent call last):") == 0.0
+
+
+def _log(*lines: tuple[str, str]) -> str:
+    """A worker log: ``(HH:MM:SS,mmm, text)`` lines, or ``("banner", name)`` for a (re)start."""
+    return "\n".join(
+        f" -------------- {text} v5.7.0 (collider)" if at == "banner"
+        else f"[2026-11-28 08:{at}: INFO/MainProcess] {text}"
+        for at, text in lines
+    )  # fmt: skip
+
+
+def _at(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(f"2026-11-28 08:{stamp}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_a_message_goes_back_to_the_broker_when_sent_again_or_when_its_receiver_restarts() -> None:
+    """From the fleet's worker logs (issue 42's every-fault run at acc9: a retry received by a
+    worker 1 ms before the sender logged the retry, then that worker crashed on a broker
+    restart and came back, and no worker logged the call received again)."""
+    from workers.loadtest import broker_returns
+
+    sender = _log(("banner", "w1"), ("33:59,620", "Task s[t1] retry: Retry in 5.0s: Unavailable"),
+                  ("34:00,000", "Task s[t2] retry: Retry in 5.0s"),
+                  ("34:01,000", "gate: 1 message(s) of /k go back to the broker: t3"))  # fmt: skip
+    receiver = _log(("banner", "w2"), ("33:59,619", "Task s[t1] received"),
+                    ("34:00,100", "Task s[t2] received"), ("34:00,400", "Task s[t3] received"),
+                    ("34:03,873", "Unrecoverable error: AttributeError('hostname')"),
+                    ("banner", "w2"), ("34:04,742", "Connected to redis://"))  # fmt: skip
+    other = _log(("banner", "w3"), ("34:05,000", "Task s[t2] received"))
+    found = broker_returns({"w1": sender, "w2": receiver, "w3": other}, ["t1", "t2", "t3", "t4"])
+    # t1: received (within the log lag of the retry), then its receiver restarted.
+    assert found["t1"].since == _at("34:04,742") and found["t1"].received_by == ()
+    assert "w2" in found["t1"].how and "restarted" in found["t1"].how
+    # t2: received by w2, which restarted, and then by w3, which did not: received.
+    assert found["t2"].since == _at("34:00,000") and found["t2"].received_by == ("w2", "w3")
+    # t3: given back by the gate 0.6 s after w2's receipt (more than the lag): not since.
+    assert found["t3"].since == _at("34:01,000") and found["t3"].received_by == ()
+    # t4: never in any log.
+    assert found["t4"].since == 0.0 and found["t4"].received_by == ()
