@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 5
 XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: test test-faults test-acceptance test-fast test-unit test-recipes test-task test-fleet test-tools demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
+.PHONY: test test-faults test-solo test-acceptance test-fast test-unit test-recipes test-task test-fleet test-tools demo fleet lint bench docs test-compat test-kazoo system-deps venv clean
 
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) -m "not fault and not acceptance" $(PYTEST_ARGS)
@@ -21,7 +21,13 @@ test: system-deps $(STAMP)
 # outages, the gate under redelivery and broker timeouts, a paused leader's 20 trials). .ci/run
 # runs it after make test; make test leaves it out to stay within its 10 minutes.
 test-faults: system-deps $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m fault $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "fault and not solo" $(PYTEST_ARGS)
+
+# The fault tests whose figures hold only on a machine not busy with other tests (issue 45's
+# when-busy acceptance: a body 0.4-1.5 s after the last call, plain tasks' p95 <= 2 s beside a
+# throttle): one at a time, in pytest's own process. .ci/run runs it after make test-faults.
+test-solo: system-deps $(STAMP)
+	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS)
 
 # The fleet's every-fault run over an ensemble with ETA calls, a 6 s visibility timeout and
 # the rate and completed-twice checks (issue 42's acceptance run). Not in .ci/run for now: of

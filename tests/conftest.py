@@ -39,8 +39,6 @@ XDIST_GROUPS: dict[str, str] = {
     "tests/fleet/test_faults.py::": "faults",
     # Its own RabbitMQ node, SIGKILLed and restarted (about 15 s of a busy Erlang VM).
     "tests/fleet/test_broker_restart_amqp.py::": "amqp-restart",
-    # Issue 45's acceptance figures (timing bounds): one after the other, not beside each other.
-    "tests/task/test_when_busy_acceptance.py::": "when-busy",
 }
 """Node id prefix -> group: with ``--dist loadgroup`` a group's tests run on one process, one
 after the other. A table here rather than ``xdist_group`` marks: pytest-xdist 3.8 marks a test's

@@ -2,9 +2,9 @@
 a second, ``replace`` behind a holder of 2 s, and the throttle at ``5/s`` beside plain tasks.
 
 Each test asserts the issue's figures, timing bounds included (a body 0.4 to 1.5 s after the last
-call, the plain tasks' p95 at most 2 s), so they are real-time tests: marked ``fault`` (run by
-``make test-faults``, not ``make test``), and grouped (tests/conftest.py's ``XDIST_GROUPS``:
-``when-busy``) so that they run one after the other, not beside each other. What each policy does
+call, the plain tasks' p95 at most 2 s), so they are real-time tests that run alone: marked
+``solo`` (run by ``make test-solo``, one test at a time, in .ci/run; neither ``make test`` nor
+``make test-faults`` runs them). What each policy does
 apart from these figures is tested in make test's tier: tests/task/test_debounce.py,
 test_replace.py, test_throttle.py."""
 
@@ -29,7 +29,7 @@ from tests.task.test_rate_tasks import most_in_any_window
 from tests.taskapp import read_records
 from tests.workerproc import workers
 
-pytestmark = pytest.mark.fault
+pytestmark = [pytest.mark.fault, pytest.mark.solo]
 
 
 def _bodies(tmp: Path, key: str) -> list[dict[str, Any]]:
