@@ -322,7 +322,7 @@ def test_binding_a_locked_task_connects_the_receivers_and_importing_does_not() -
     assert before == "[] []"
     assert "'celery_zklock.worker.metrics'" in after
     assert "'celery_zklock.worker.gate.step'" in after
-    assert after.count("celery_zklock.worker.wiring") == 2  # the two start checks
+    assert after.count("celery_zklock.worker.wiring") == 3  # settings afresh, two start checks
 
 
 def test_the_live_gauge_files_of_gone_processes_are_found(tmp_path: Path) -> None:
