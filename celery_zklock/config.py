@@ -8,7 +8,6 @@ from celery_zklock.zk.settings import (
     broker_redelivery_timeout,
     client_config,
     forget_settings,
-    gate_config,
     settings_of,
 )
 
@@ -19,6 +18,5 @@ __all__ = [
     "broker_redelivery_timeout",
     "client_config",
     "forget_settings",
-    "gate_config",
     "settings_of",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -109,6 +109,13 @@ def watches_by_path(hosts: str) -> dict[str, list[str]]:
         elif line.strip().startswith("0x") and current is not None:
             result[current].append(line.strip())
     return result
+
+
+def app_with(conf: Mapping[str, Any]) -> Any:
+    """An app as celery-zklock's settings see it: its ``conf`` alone (a dict will do). Keep it
+    while its settings are in use: :func:`~celery_zklock.zk.settings.settings_of` holds the
+    app weakly."""
+    return type("App", (), {"conf": conf})()
 
 
 def task_client(task: Any) -> KazooClient:

@@ -8,7 +8,7 @@ send nor skips a due time. The settings, the guarantees and their limits: ``docs
 
 from __future__ import annotations
 
-from celery_zklock.beat.scheduler import BeatSettings, LeaderScheduler, beat_settings
+from celery_zklock.beat.scheduler import LeaderScheduler
 from celery_zklock.beat.state import (
     RunRecord,
     apply_record,
@@ -19,6 +19,7 @@ from celery_zklock.beat.state import (
     records_of_new_entries,
 )
 from celery_zklock.zk.settings import DEFAULT_BEAT_SCHEDULER as DEFAULT_SCHEDULER
+from celery_zklock.zk.settings import BeatSettings
 
 __all__ = [
     "DEFAULT_SCHEDULER",
@@ -27,7 +28,6 @@ __all__ = [
     "RunRecord",
     "apply_record",
     "apply_records",
-    "beat_settings",
     "decode_state",
     "encode_state",
     "record_of",

@@ -17,7 +17,6 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Final
 
@@ -42,8 +41,7 @@ from celery_zklock.locks import Lease, Mutex
 from celery_zklock.locks.lease import HeldLease
 from celery_zklock.zk import adapter
 from celery_zklock.zk.client import new_client, tls_problem
-from celery_zklock.zk.settings import DEFAULT_BEAT_SCHEDULER, settings_of, text_setting
-from celery_zklock.zk.validate import forbidden_in_znode
+from celery_zklock.zk.settings import BeatSettings, settings_of
 
 logger = logging.getLogger("celery_zklock.beat")
 
@@ -52,62 +50,6 @@ CLAIM_ATTEMPTS: Final = 3
 
 
 # -- settings -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BeatSettings:
-    """Where a beat group elects its leader and keeps its schedule's state."""
-
-    root: str
-    """``zklock_root``."""
-    name: str
-    """``zklock_beat_name``: beats with the same root and name form one group, one leader."""
-    scheduler: str
-    """``zklock_beat_scheduler``: the scheduler class each leader runs."""
-
-    @property
-    def election(self) -> str:
-        """The lock every beat of the group contends for."""
-        return f"{self.root}/beat/{self.name}/leader"
-
-    @property
-    def state(self) -> str:
-        """The node holding the schedule's state (:func:`encode_state`)."""
-        return f"{self.root}/beat/{self.name}/schedule"
-
-
-def beat_settings(app: Any) -> BeatSettings:
-    """The beat settings of ``app``: ``zklock_beat_name`` (env ``ZKLOCK_BEAT_NAME``, default
-    ``app.main``), ``zklock_beat_scheduler`` (env ``ZKLOCK_BEAT_SCHEDULER``, default
-    :data:`~celery_zklock.zk.settings.DEFAULT_BEAT_SCHEDULER`) and the lock root.
-
-    Raises ConfigurationError naming the bad setting: a name that is not one znode name (empty,
-    ``.``, ``..``, a ``/`` or a character ZooKeeper refuses), no name at all (an app without a
-    main name and no ``zklock_beat_name``), or a scheduler naming this class.
-    """
-    conf = app.conf
-    name = text_setting(conf, "zklock_beat_name")
-    if name is None:
-        main = getattr(app, "main", None)
-        if not main or main == "__main__":
-            raise ConfigurationError(
-                "zklock_beat_name is not set and the app has no main name: set "
-                "app.conf.zklock_beat_name (env ZKLOCK_BEAT_NAME) to name the beat group"
-            )
-        name = str(main)
-    bad = next((char for char in name if char == "/" or forbidden_in_znode(char)), None)
-    if name in (".", "..") or bad is not None:
-        problem = "'.' or '..'" if bad is None else f"the character U+{ord(bad):04X}"
-        raise ConfigurationError(
-            f"zklock_beat_name must be one znode name, got {name!r} ({problem})"
-        )
-    scheduler = text_setting(conf, "zklock_beat_scheduler") or DEFAULT_BEAT_SCHEDULER
-    if scheduler.replace(":", ".").rsplit(".", 1)[-1] == LeaderScheduler.__name__:
-        raise ConfigurationError(
-            f"zklock_beat_scheduler names {scheduler!r}: it must name the scheduler the leader "
-            "runs (e.g. celery.beat:PersistentScheduler), not LeaderScheduler itself"
-        )
-    return BeatSettings(root=settings_of(app).root, name=name, scheduler=scheduler)
 
 
 def scheduler_class(spec: str) -> Any:
@@ -308,7 +250,7 @@ class LeaderScheduler:
 
     def __init__(self, app: Any, *, lazy: bool = False, Producer: Any = None, **kwargs: Any):
         self.app = app
-        self.settings = beat_settings(app)
+        self.settings: BeatSettings = settings_of(app).beat
         self._scheduler_cls = scheduler_class(self.settings.scheduler)
         self._kwargs = kwargs
         self._producer_cls = Producer or app.amqp.Producer

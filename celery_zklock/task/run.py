@@ -54,7 +54,7 @@ from celery_zklock.task.options import (
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import broker_redelivery_timeout, gate_config, settings_of
+from celery_zklock.zk.settings import broker_redelivery_timeout, settings_of
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
@@ -227,7 +227,7 @@ class LockedRun:
         if policy == "wait" and self.in_worker:
             now = time.time()
             since = outage.unavailable_since(self.request) or now
-            if now - since < gate_config(self.task.app.conf).outage_budget:
+            if now - since < self.settings.gate.outage_budget:
                 self._log("sent-back", self.path, unavailable_for=round(now - since, 1))
                 due = received_at(self.request)
                 raise outage.ride_out(self.task, self.request, since, due) from cause

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,7 +31,7 @@ from celery.signals import (
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.task.metrics import Recorder, active_recorder, use_recorder
-from celery_zklock.zk.settings import DEFAULT_METRICS_ADDR, setting
+from celery_zklock.zk.settings import settings_of
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -40,33 +40,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_zklock.metrics")
 
 PORT_SETTING: Final = "zklock_metrics_port"
-ADDR_SETTING: Final = "zklock_metrics_addr"
 INSTALL_HINT: Final = "pip install celery-zklock[prometheus]"
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CHILD_ENV: Final = "CELERY_ZKLOCK_METRICS_DIR"
 """Set by a prefork worker's main process for its pool processes: the multiprocess directory
 (pool processes started by ``spawn`` or ``forkserver`` inherit no Python state, only this)."""
-
-
-def metrics_port(conf: Mapping[str, Any]) -> int | None:
-    """``zklock_metrics_port`` (env ``ZKLOCK_METRICS_PORT``): the port, or None (off) when unset
-    or empty. Raises ConfigurationError unless it is a port number (1-65535)."""
-    value = setting(conf, PORT_SETTING)
-    if value is None or str(value).strip() == "":
-        return None
-    try:
-        port = int(str(value).strip())
-    except ValueError:
-        port = -1
-    if isinstance(value, bool) or not 1 <= port <= 65535:
-        raise ConfigurationError(f"{PORT_SETTING} must be a port number (1-65535), got {value!r}")
-    return port
-
-
-def metrics_addr(conf: Mapping[str, Any]) -> str:
-    """``zklock_metrics_addr`` (env ``ZKLOCK_METRICS_ADDR``): the address the endpoint binds."""
-    value = setting(conf, ADDR_SETTING)
-    return DEFAULT_METRICS_ADDR if value is None or str(value).strip() == "" else str(value).strip()
 
 
 # -- serving ----------------------------------------------------------------------------
@@ -158,10 +136,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(conf: Mapping[str, Any], *, multiprocess: bool) -> tuple[str, int] | None:
-    """Start recording the lock signals and serving the metrics over HTTP, per ``conf``
-    (an app's ``conf``; the environment fills in what it lacks): the bound ``(addr, port)``,
-    or None when ``zklock_metrics_port`` is unset.
+def serve(app: Any, *, multiprocess: bool) -> tuple[str, int] | None:
+    """Start recording the lock signals and serving the metrics over HTTP on ``app``'s
+    ``zklock_metrics_port`` and ``zklock_metrics_addr``: the bound ``(addr, port)``, or None
+    when the port is unset.
 
     ``multiprocess``: the signals are sent in pool processes this process forks or spawns after
     this call (prefork); the multiprocess directory is set up and the pool processes record
@@ -169,12 +147,13 @@ def serve(conf: Mapping[str, Any], *, multiprocess: bool) -> tuple[str, int] | N
     port that cannot be bound (nothing is left started), RuntimeError if already serving.
     """
     global _serving, _multiproc_dir
-    port = metrics_port(conf)
+    settings = settings_of(app, connection=False)  # metrics need no ZooKeeper settings
+    port = settings.metrics_port
     if port is None:
         return None
     if _serving is not None:
         raise RuntimeError("celery-zklock metrics are already served by this process")
-    addr = metrics_addr(conf)
+    addr = settings.metrics_addr
     previous = os.environ.get(MULTIPROC_ENV)
     path: str | None = None
     made_dir = False
@@ -259,9 +238,9 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     if app is None:
         return
     try:
-        if metrics_port(app.conf) is None:
+        if settings_of(app, connection=False).metrics_port is None:
             return
-        serve(app.conf, multiprocess=_forks(getattr(sender, "pool_cls", None)))
+        serve(app, multiprocess=_forks(getattr(sender, "pool_cls", None)))
     except ConfigurationError as exc:
         # Celery logs and ignores exceptions of signal receivers: end the worker instead.
         raise SystemExit(f"celery-zklock: {exc}") from None

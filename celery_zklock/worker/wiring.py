@@ -38,9 +38,16 @@ from celery_zklock.worker import metrics
 from celery_zklock.worker.gate import step
 from celery_zklock.zk import known
 from celery_zklock.zk.client import close_clients
-from celery_zklock.zk.settings import settings_of
+from celery_zklock.zk.settings import forget_settings, settings_of
 
 __all__ = ["RECEIVERS", "check_lock_options", "install"]
+
+
+def read_settings_afresh(sender: Any = None, **_: Any) -> None:
+    """``worker_init``, first: a worker reads its app's settings afresh, as it reads ``app.conf``
+    (a setting changed in this process since the app's first locked call counts)."""
+    if getattr(sender, "app", None) is not None:
+        forget_settings(sender.app)
 
 
 def refuse_bad_interrupt_signal(**_: Any) -> None:
@@ -79,6 +86,7 @@ def close_clients_on_shutdown(**_: Any) -> None:
 
 
 RECEIVERS: Final = (
+    (worker_init, read_settings_afresh),
     (worker_init, refuse_bad_interrupt_signal),
     *metrics.RECEIVERS,
     (worker_init, check_settings),

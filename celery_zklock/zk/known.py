@@ -62,18 +62,18 @@ APP_SETTINGS: Final[frozenset[str]] = frozenset(
         "zklock_ssl_keyfile",
         "zklock_ssl_keyfile_password",
         "zklock_client_factory",
-        # The lock root and the rest of an app's settings (zk.settings.settings_of).
+        # The lock root and the rest of an app's settings (zk.settings.Settings).
         "zklock_root",
         "zklock_dedupe_timeout",
-        # The worker's gate and an outage's budget (zk.settings.gate_config).
+        # The worker's gate and an outage's budget (zk.settings.Settings.gate).
         "zklock_gate",
         "zklock_gate_max_held",
         "zklock_gate_max_hold",
         "zklock_outage_budget",
-        # Metrics (celery_zklock.worker.metrics).
+        # Metrics (zk.settings.Settings.metrics_port, metrics_addr).
         "zklock_metrics_port",
         "zklock_metrics_addr",
-        # The elected beat (celery_zklock.beat.scheduler.beat_settings).
+        # The elected beat (zk.settings.Settings.beat).
         "zklock_beat_name",
         "zklock_beat_scheduler",
     }

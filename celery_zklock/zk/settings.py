@@ -1,12 +1,13 @@
 """celery-zklock's app settings, read one way: ``app.conf.zklock_*``, else the ``ZKLOCK_*``
 environment variable of the same name in upper case, else the one default kept here.
 
-Every module that reads a setting (the lock layer, beat, metrics, the commands) reads it through
-:func:`setting` or :func:`settings_of`; each setting's default is one constant of this module,
-and ``docs/settings.md`` lists them. :class:`ClientConfig` is the connection part of the settings.
-Every setting's name is in one registry, :mod:`celery_zklock.zk.known`: :func:`setting` reads
-only names listed there, and names each ``zklock_*``/``ZKLOCK_*`` name that is not one (a
-typo, ignored otherwise) with the setting it most likely means, once per process.
+Every module that needs a setting (the task layer, the gate, metrics, beat, the commands) takes
+it from its app's one :class:`Settings` object (:func:`settings_of`), whose parts read each name
+through :func:`setting`; each setting's default is one constant of this module, and
+``docs/settings.md`` lists them. Every setting's name is in one registry,
+:mod:`celery_zklock.zk.known`: :func:`setting` reads only names listed there, and names each
+``zklock_*``/``ZKLOCK_*`` name that is not one (a typo, ignored otherwise) with the setting it
+most likely means, once per process.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
 import urllib.parse
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 
 from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
@@ -26,7 +27,7 @@ from kazoo.security import ACL, CREATOR_ALL_ACL, READ_ACL_UNSAFE
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.zk import known
 from celery_zklock.zk.known import SASL_KEYS
-from celery_zklock.zk.validate import seconds, short_repr, znode_path
+from celery_zklock.zk.validate import forbidden_in_znode, seconds, short_repr, znode_path
 
 DEFAULT_ROOT: Final = "/zklock"
 """``zklock_root``."""
@@ -185,11 +186,6 @@ def host_ports(hosts: str) -> list[tuple[str, int]]:
     return found
 
 
-def lock_root(conf: Mapping[str, Any]) -> str:
-    """``zklock_root`` (env ``ZKLOCK_ROOT``): the znode under which task locks live."""
-    return znode_path("zklock_root", setting(conf, "zklock_root", DEFAULT_ROOT))
-
-
 def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> ClientConfig:
     """The ZooKeeper connection settings of an app.
 
@@ -208,16 +204,8 @@ def client_config(conf: Mapping[str, Any], *, handler: str = "threading") -> Cli
     use_ssl = _flag(conf, "zklock_use_ssl", False)
     config = ClientConfig(
         hosts=str(setting(conf, "zklock_hosts", "")).strip(),
-        session_timeout=seconds(
-            "zklock_session_timeout",
-            setting(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
-            text=True,
-        ),
-        connect_timeout=seconds(
-            "zklock_connect_timeout",
-            setting(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-            text=True,
-        ),
+        session_timeout=_seconds(conf, "zklock_session_timeout", DEFAULT_SESSION_TIMEOUT),
+        connect_timeout=_seconds(conf, "zklock_connect_timeout", DEFAULT_CONNECT_TIMEOUT),
         handler=handler,
         auth=_auth(conf),
         sasl=_sasl(conf),
@@ -254,6 +242,10 @@ def _flag(conf: Mapping[str, Any], name: str, default: bool) -> bool:
     if text in _TRUE | _FALSE:
         return text in _TRUE
     raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+
+
+def _seconds(conf: Mapping[str, Any], name: str, default: float) -> float:
+    return seconds(name, setting(conf, name, default), text=True)
 
 
 def _path(conf: Mapping[str, Any], name: str) -> str | None:
@@ -328,46 +320,123 @@ def _acl(conf: Mapping[str, Any]) -> tuple[ACL, ...]:
     return acl
 
 
-@dataclass(frozen=True)
 class Settings:
-    """An app's celery-zklock settings, read once: the lock root, the client config and how
-    long a deduplicated ``apply_async`` waits for ZooKeeper (``zklock_dedupe_timeout``)."""
+    """An app's celery-zklock settings (:func:`settings_of`): each reader takes its part. A part
+    is read when first asked for and kept, as Celery reads a task's config once; an invalid
+    setting raises ConfigurationError naming it and is read again at the next ask. So a producer
+    never reads the worker's parts, and a bad beat setting stops only the beat."""
 
-    root: str
-    client: ClientConfig
-    dedupe_timeout: float = DEFAULT_DEDUPE_TIMEOUT
+    def __init__(self, app: Any) -> None:
+        self._app = weakref.proxy(app)  # kept per app, in a dict weakly keyed by the app
+
+    @cached_property
+    def root(self) -> str:
+        """``zklock_root`` (env ``ZKLOCK_ROOT``): the znode under which task locks live."""
+        return znode_path("zklock_root", setting(self._app.conf, "zklock_root", DEFAULT_ROOT))
+
+    @cached_property
+    def client(self) -> ClientConfig:
+        """The ZooKeeper connection (:func:`client_config`; gevent's handler if gevent patched)."""
+        return client_config(self._app.conf, handler="gevent" if _gevent_patched() else "threading")
+
+    @cached_property
+    def dedupe_timeout(self) -> float:
+        """``zklock_dedupe_timeout``: seconds a deduplicated ``apply_async`` waits for ZooKeeper."""
+        return _seconds(self._app.conf, "zklock_dedupe_timeout", DEFAULT_DEDUPE_TIMEOUT)
+
+    @cached_property
+    def gate(self) -> GateConfig:
+        """The worker gate's part, and the outage budget of every locked call."""
+        conf = self._app.conf
+        max_held = setting(conf, "zklock_gate_max_held", DEFAULT_GATE_MAX_HELD)
+        try:
+            max_held = int(max_held)
+            if max_held < 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"zklock_gate_max_held must be a whole number >= 0, got {max_held!r}"
+            ) from None
+        explicit = setting(conf, "zklock_gate_max_hold")
+        if explicit is not None:
+            max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
+        else:
+            max_hold = 0.8 * broker_redelivery_timeout(conf)
+        budget = _seconds(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
+        enabled = _flag(conf, "zklock_gate", True)
+        return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)
+
+    @cached_property
+    def metrics_port(self) -> int | None:
+        """``zklock_metrics_port`` (env ``ZKLOCK_METRICS_PORT``): the port of the worker's
+        metrics endpoint, or None (off) when unset or empty; ConfigurationError unless it is a
+        port number (1-65535)."""
+        value = setting(self._app.conf, "zklock_metrics_port")
+        if value is None or str(value).strip() == "":
+            return None
+        try:
+            port = int(str(value).strip())
+        except ValueError:
+            port = -1
+        if isinstance(value, bool) or not 1 <= port <= 65535:
+            raise ConfigurationError(
+                f"zklock_metrics_port must be a port number (1-65535), got {value!r}"
+            )
+        return port
+
+    @cached_property
+    def metrics_addr(self) -> str:
+        """``zklock_metrics_addr`` (env ``ZKLOCK_METRICS_ADDR``): the address the endpoint binds."""
+        value = setting(self._app.conf, "zklock_metrics_addr")
+        return ("" if value is None else str(value).strip()) or DEFAULT_METRICS_ADDR
+
+    @cached_property
+    def beat(self) -> BeatSettings:
+        """The elected beat's part: ``zklock_beat_name`` (default the app's main name: one znode
+        name), ``zklock_beat_scheduler`` (default :data:`DEFAULT_BEAT_SCHEDULER`, not
+        ``LeaderScheduler`` itself) and the lock root."""
+        name = text_setting(self._app.conf, "zklock_beat_name")
+        if name is None:
+            main = getattr(self._app, "main", None)
+            if not main or main == "__main__":
+                raise ConfigurationError(
+                    "zklock_beat_name is not set and the app has no main name: set "
+                    "app.conf.zklock_beat_name (env ZKLOCK_BEAT_NAME) to name the beat group"
+                )
+            name = str(main)
+        bad = next((char for char in name if char == "/" or forbidden_in_znode(char)), None)
+        if name in (".", "..") or bad is not None:
+            problem = "'.' or '..'" if bad is None else f"the character U+{ord(bad):04X}"
+            raise ConfigurationError(
+                f"zklock_beat_name must be one znode name, got {name!r} ({problem})"
+            )
+        scheduler = text_setting(self._app.conf, "zklock_beat_scheduler") or DEFAULT_BEAT_SCHEDULER
+        if scheduler.replace(":", ".").rsplit(".", 1)[-1] == "LeaderScheduler":
+            raise ConfigurationError(
+                f"zklock_beat_scheduler names {scheduler!r}: it must name the scheduler the "
+                "leader runs (e.g. celery.beat:PersistentScheduler), not LeaderScheduler itself"
+            )
+        return BeatSettings(self.root, name, scheduler)
 
 
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
-_settings_lock = threading.Lock()
 
 
-def settings_of(app: Any) -> Settings:
-    """The settings of ``app``, read from ``app.conf`` (and ``ZKLOCK_*``) at its first locked
-    call and kept for the app's life, as Celery reads a task's config once.
-
-    A test that changes ``app.conf.zklock_*`` or a ``ZKLOCK_*`` variable after that calls
-    :func:`forget_settings`. An invalid setting raises ConfigurationError and is not kept.
+def settings_of(app: Any, *, connection: bool = True) -> Settings:
+    """The one settings object of ``app``, kept for the app's life, its connection part read
+    (``root``, ``client``, ``dedupe_timeout``: ConfigurationError naming a bad one) unless
+    ``connection=False`` (the metrics endpoint, served without ZooKeeper settings too). A worker
+    reads them afresh as it starts; a test that changes them after calls :func:`forget_settings`.
     """
-    with _settings_lock:
-        settings = _settings.get(app)
-    if settings is None:
-        handler = "gevent" if _gevent_patched() else "threading"
-        dedupe = setting(app.conf, "zklock_dedupe_timeout", DEFAULT_DEDUPE_TIMEOUT)
-        settings = Settings(
-            lock_root(app.conf),
-            client_config(app.conf, handler=handler),
-            seconds("zklock_dedupe_timeout", dedupe, text=True),
-        )
-        with _settings_lock:
-            _settings[app] = settings
+    settings = _settings.get(app) or _settings.setdefault(app, Settings(app))  # one wins a race
+    if connection:  # read now, so that a bad one raises here, at the first call
+        _ = settings.root, settings.client, settings.dedupe_timeout
     return settings
 
 
 def forget_settings(app: Any) -> None:
-    """Read ``app``'s settings again at its next locked call (for tests that change them)."""
-    with _settings_lock:
-        _settings.pop(app, None)
+    """Read ``app``'s settings again at their next use (a worker's start, a test's change)."""
+    _settings.pop(app, None)
 
 
 def _gevent_patched() -> bool:
@@ -391,7 +460,7 @@ _VISIBILITY_TRANSPORTS: Final = frozenset({"redis", "rediss", "sentinel", "sqs"}
 
 @dataclass(frozen=True)
 class GateConfig:
-    """The worker gate's settings (:mod:`celery_zklock.worker.gate`): ``enabled`` (``zklock_gate``,
+    """:attr:`Settings.gate`, of :mod:`celery_zklock.worker.gate`: ``enabled`` (``zklock_gate``,
     on unless False), ``max_held`` (``zklock_gate_max_held``: past it a held message no longer
     raises the worker's prefetch, so the worker stops fetching rather than grow without bound)
     and ``max_hold``: the longest a message is held before it goes to the pool whatever its
@@ -408,26 +477,26 @@ class GateConfig:
     asked_outage_budget: float = 600.0
 
 
-def gate_config(conf: Mapping[str, Any]) -> GateConfig:
-    """The gate's settings of an app's ``conf``; ConfigurationError naming a bad one."""
-    max_held = setting(conf, "zklock_gate_max_held", DEFAULT_GATE_MAX_HELD)
-    try:
-        max_held = int(max_held)
-        if max_held < 0:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"zklock_gate_max_held must be a whole number >= 0, got {max_held!r}"
-        ) from None
-    explicit = setting(conf, "zklock_gate_max_hold")
-    if explicit is not None:
-        max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
-    else:
-        max_hold = 0.8 * broker_redelivery_timeout(conf)
-    budget = setting(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
-    budget = seconds("zklock_outage_budget", budget, text=True)
-    enabled = _flag(conf, "zklock_gate", True)
-    return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)
+@dataclass(frozen=True)
+class BeatSettings:
+    """:attr:`Settings.beat`: where a beat group elects its leader and keeps its schedule."""
+
+    root: str
+    """``zklock_root``."""
+    name: str
+    """``zklock_beat_name``: beats with the same root and name form one group, one leader."""
+    scheduler: str
+    """``zklock_beat_scheduler``: the scheduler class each leader runs."""
+
+    @property
+    def election(self) -> str:
+        """The lock every beat of the group contends for."""
+        return f"{self.root}/beat/{self.name}/leader"
+
+    @property
+    def state(self) -> str:
+        """The node holding the schedule's state (``celery_zklock.beat.state``)."""
+        return f"{self.root}/beat/{self.name}/schedule"
 
 
 def broker_redelivery_timeout(conf: Mapping[str, Any]) -> float:

@@ -21,8 +21,8 @@ from celery import Celery, beat
 from celery.apps.beat import Beat
 from kazoo.client import KazooClient
 
-from celery_zklock.beat import LeaderScheduler, RunRecord, beat_settings, decode_state, encode_state
-from celery_zklock.zk.settings import forget_settings
+from celery_zklock.beat import LeaderScheduler, RunRecord, decode_state, encode_state
+from celery_zklock.zk.settings import forget_settings, settings_of
 from tests.lockutil import wait_for
 from tests.unit.test_beat_state import queue_size
 
@@ -47,7 +47,7 @@ def test_sigterm_between_a_publish_and_its_record_records_it_hands_over_and_exit
 ) -> None:
     queue = f"mid-send-{tmp_path.name}"
     app = make_app(zk_hosts, lock_root, queue)
-    settings = beat_settings(app)
+    settings = settings_of(app).beat
     last = datetime.now(timezone.utc) - timedelta(seconds=120)  # due once, now
     zk_client.create(
         settings.state,

@@ -17,7 +17,6 @@ from celery_zklock.beat import (
     BeatSettings,
     RunRecord,
     apply_records,
-    beat_settings,
     decode_state,
     encode_state,
     record_of,
@@ -26,6 +25,7 @@ from celery_zklock.beat.election import NotLeader, ensure_held
 from celery_zklock.beat.scheduler import Term, guarded_producer, scheduler_class
 from celery_zklock.beat.state import Superseded
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.zk.settings import forget_settings, settings_of
 
 UTC = timezone.utc
 _queues = count()
@@ -345,16 +345,19 @@ def test_settings_name_the_group_after_the_app_or_the_setting(
     monkeypatch.delenv("ZKLOCK_BEAT_NAME", raising=False)
     monkeypatch.delenv("ZKLOCK_BEAT_SCHEDULER", raising=False)
     monkeypatch.delenv("ZKLOCK_ROOT", raising=False)
-    settings = beat_settings(app)
+    settings = settings_of(app).beat
     assert settings == BeatSettings("/zklock", "unit-beat", "celery.beat:PersistentScheduler")
     assert settings.election == "/zklock/beat/unit-beat/leader"
     assert settings.state == "/zklock/beat/unit-beat/schedule"
     monkeypatch.setenv("ZKLOCK_BEAT_NAME", "from-env")
-    assert beat_settings(app).name == "from-env"
+    assert settings_of(app).beat is settings  # read once per app
+    forget_settings(app)
+    assert settings_of(app).beat.name == "from-env"
     app.conf.zklock_beat_name = "billing"
     app.conf.zklock_beat_scheduler = "celery.beat.Scheduler"
-    assert beat_settings(app) == BeatSettings("/zklock", "billing", "celery.beat.Scheduler")
-    assert scheduler_class(beat_settings(app).scheduler) is Scheduler
+    forget_settings(app)
+    assert settings_of(app).beat == BeatSettings("/zklock", "billing", "celery.beat.Scheduler")
+    assert scheduler_class(settings_of(app).beat.scheduler) is Scheduler
 
 
 @pytest.mark.parametrize(
@@ -370,7 +373,7 @@ def test_bad_settings_are_refused_by_name(
 ) -> None:
     app.conf[setting] = value
     with pytest.raises(ConfigurationError, match=message):
-        beat_settings(app)
+        _ = settings_of(app).beat
 
 
 def test_a_scheduler_that_cannot_be_imported_is_refused() -> None:

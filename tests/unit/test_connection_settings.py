@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from kazoo.security import ACL, make_digest_acl
 
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.worker.wiring import read_settings_afresh
 from celery_zklock.zk.client import KAZOO_CHECKS_HOSTNAMES, new_client
 from celery_zklock.zk.settings import (
     CREATOR_ACL,
@@ -19,6 +21,7 @@ from celery_zklock.zk.settings import (
     ClientConfig,
     client_config,
     host_ports,
+    settings_of,
 )
 
 
@@ -204,3 +207,21 @@ def test_a_malformed_host_list_names_the_setting_and_the_entry(
         client_config({})
     with pytest.raises(ConfigurationError, match="chroot"):
         client_config({"zklock_hosts": "zk1:2181/app//locks"})
+
+
+def test_an_app_has_one_settings_object_whose_parts_are_read_once_when_asked() -> None:
+    """Each reader takes its part of one object per app; a part is read at its first ask and
+    kept, a bad one raises and is read again; a worker's start reads them all afresh."""
+    app = Celery("one-object", set_as_current=False)
+    app.conf.update(zklock_hosts="zk1:2181", zklock_gate_max_held="many", zklock_beat_name="a/b")
+    settings = settings_of(app)  # the connection part only: the gate's and beat's are not read
+    assert settings_of(app) is settings and settings.root == "/zklock"
+    for part, message in (("gate", "zklock_gate_max_held"), ("beat", "one znode name")):
+        with pytest.raises(ConfigurationError, match=message):
+            getattr(settings, part)
+    app.conf.update(zklock_gate_max_held=5, zklock_root="/elsewhere")
+    assert settings.gate.max_held == 5 and settings.root == "/zklock"  # kept once valid
+    app.conf.zklock_gate = False
+    assert settings_of(app).gate.enabled
+    read_settings_afresh(sender=type("Worker", (), {"app": app})())
+    assert not settings_of(app).gate.enabled and settings_of(app).root == "/elsewhere"

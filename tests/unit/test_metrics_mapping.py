@@ -29,7 +29,9 @@ from celery_zklock.task.metrics import (
 )
 from celery_zklock.task.policy import TABLE
 from celery_zklock.worker import metrics as server
-from celery_zklock.worker.metrics import INSTALL_HINT, metrics_addr, metrics_port
+from celery_zklock.worker.metrics import INSTALL_HINT
+from celery_zklock.zk.settings import settings_of
+from tests.lockutil import app_with
 
 LOCKS = Path(celery_zklock.__file__).parent / "locks"
 
@@ -115,22 +117,27 @@ def test_every_loss_the_lease_code_declares_carries_a_code() -> None:
 )
 def test_metrics_port(value: Any, port: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZKLOCK_METRICS_PORT", raising=False)
-    assert metrics_port({"zklock_metrics_port": value}) == port
+    app = app_with({"zklock_metrics_port": value})
+    assert settings_of(app, connection=False).metrics_port == port
 
 
 @pytest.mark.parametrize("value", ["0", "65536", "-1", "http", "9808.5", True])
 def test_a_bad_port_is_refused_naming_the_setting(value: Any) -> None:
+    app = app_with({"zklock_metrics_port": value})
     with pytest.raises(ConfigurationError, match="zklock_metrics_port must be a port number"):
-        metrics_port({"zklock_metrics_port": value})
+        _ = settings_of(app, connection=False).metrics_port
 
 
 def test_settings_fall_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZKLOCK_METRICS_PORT", "9100")
     monkeypatch.setenv("ZKLOCK_METRICS_ADDR", "127.0.0.1")
-    assert metrics_port({}) == 9100 and metrics_addr({}) == "127.0.0.1"
-    assert metrics_port({"zklock_metrics_port": 9200}) == 9200  # the app's setting wins
+    apps = app_with({}), app_with({"zklock_metrics_port": 9200}), app_with({})
+    first, other, later = (settings_of(app, connection=False) for app in apps)
+    assert first.metrics_port == 9100 and first.metrics_addr == "127.0.0.1"
+    assert other.metrics_port == 9200  # the app's setting wins
     monkeypatch.delenv("ZKLOCK_METRICS_ADDR")
-    assert metrics_addr({}) == "0.0.0.0"
+    assert first.metrics_addr == "127.0.0.1"  # read once per app
+    assert later.metrics_addr == "0.0.0.0"
 
 
 def test_the_buckets_span_1_ms_to_10_min() -> None:
@@ -271,7 +278,7 @@ def test_no_receiver_is_connected_when_metrics_are_off() -> None:
 def test_a_port_without_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
     with pytest.raises(ConfigurationError, match=r"celery-zklock\[prometheus\]") as raised:
-        server.serve({"zklock_metrics_port": 9808}, multiprocess=False)
+        server.serve(app_with({"zklock_metrics_port": 9808}), multiprocess=False)
     assert INSTALL_HINT in str(raised.value)
     assert server._serving is None
 
@@ -322,7 +329,7 @@ def test_binding_a_locked_task_connects_the_receivers_and_importing_does_not() -
     assert before == "[] []"
     assert "'celery_zklock.worker.metrics'" in after
     assert "'celery_zklock.worker.gate.step'" in after
-    assert after.count("celery_zklock.worker.wiring") == 2  # the two start checks
+    assert after.count("celery_zklock.worker.wiring") == 3  # settings afresh, two start checks
 
 
 def test_the_live_gauge_files_of_gone_processes_are_found(tmp_path: Path) -> None:

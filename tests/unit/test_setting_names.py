@@ -20,7 +20,8 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.ops.commands.checks import setting_name_checks
 from celery_zklock.zk import known
 from celery_zklock.zk.known import APP_SETTINGS, ENVIRONMENT, Unknown, unknown_settings
-from celery_zklock.zk.settings import client_config, gate_config, host_ports, setting
+from celery_zklock.zk.settings import client_config, host_ports, setting, settings_of
+from tests.lockutil import app_with
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,11 +134,12 @@ def test_the_first_read_warns_once_per_typo_per_process(caplog: pytest.LogCaptur
     per typo for the process, however many reads and readers follow."""
     conf = {"zklock_hosts": "zk1:2181", "zklock_session_timout": 4, "zklock_gate_max_hol": 1}
     environ = {"ZKLOCK_SESSION_TIMOUT": "4"}
+    app = app_with(conf)
     with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.WARNING):
         for name, value in environ.items():
             patch.setenv(name, value)
         client_config(conf)
-        gate_config(conf)
+        _ = settings_of(app, connection=False).gate
         setting(conf, "zklock_root")
         client_config({**conf, "zklock_root": "/other"})
     said = [r.getMessage() for r in caplog.records if r.name == "celery_zklock.settings"]
@@ -212,7 +214,7 @@ def test_a_hosts_string_with_a_scheme_is_refused_with_the_format(hosts: str, wit
 
 # -- the registry holds every name read ---------------------------------------------------------
 
-READERS = frozenset({"setting", "text_setting", "_flag", "_path", "get"})
+READERS = frozenset({"setting", "text_setting", "_flag", "_path", "_seconds", "get"})
 """The functions through which the package reads an app setting by name (``get`` of a conf)."""
 
 

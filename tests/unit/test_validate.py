@@ -9,8 +9,9 @@ import pytest
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.testing import RedisServer, ZooKeeperOptions
-from celery_zklock.zk.settings import client_config, lock_root
+from celery_zklock.zk.settings import client_config, settings_of
 from celery_zklock.zk.validate import argument, positive_int, seconds, znode_path
+from tests.lockutil import app_with
 
 
 def test_seconds_accepts_finite_numbers_and_text_when_asked() -> None:
@@ -84,9 +85,11 @@ def test_every_user_says_the_same() -> None:
     with pytest.raises(ConfigurationError, match="zklock_session_timeout must be a number of"):
         client_config({"zklock_hosts": "h:1", "zklock_session_timeout": "0"})
     assert client_config({"zklock_hosts": "h:1", "zklock_session_timeout": "2.5"}).session_timeout
-    assert lock_root({"zklock_root": "/apps/locks/"}) == "/apps/locks"
+    app = app_with({"zklock_root": "/apps/locks/"})
+    assert settings_of(app, connection=False).root == "/apps/locks"
+    app = app_with({"zklock_root": "/a//b"})
     with pytest.raises(ConfigurationError, match="zklock_root must be an absolute znode path"):
-        lock_root({"zklock_root": "/a//b"})
+        _ = settings_of(app, connection=False).root
     with pytest.raises(ValueError, match="tick_time_ms must be a whole number >= 1, got 0"):
         ZooKeeperOptions(tick_time_ms=0)
     with pytest.raises(ValueError, match="start_attempts must be a whole number >= 1, got 0"):

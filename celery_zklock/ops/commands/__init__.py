@@ -536,7 +536,7 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
             f"hosts {config.hosts}, root {settings.root}, session timeout requested "
             f"{config.session_timeout:g}s",
         ),
-        checks.gate_bound_check(app.conf),
+        checks.gate_bound_check(app),
     ]
     try:
         with _connected(config) as client:

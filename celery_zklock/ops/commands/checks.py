@@ -50,8 +50,8 @@ from celery_zklock.zk.settings import (
     CREATOR_ACL,
     ClientConfig,
     broker_redelivery_timeout,
-    gate_config,
     host_ports,
+    settings_of,
 )
 
 Status = Literal["PASS", "WARN", "FAIL", "INFO"]
@@ -308,20 +308,20 @@ def four_letter(host: str, port: int, word: str, config: ClientConfig) -> str | 
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def gate_bound_check(conf: Mapping[str, Any]) -> Check:
+def gate_bound_check(app: Any) -> Check:
     """The gate's hold bound against the broker's redelivery bound: a held message goes back
     to the broker at ``zklock_gate_max_hold`` from its receipt, which must come before the
     broker hands it out again. RabbitMQ does not tell clients its ``consumer_timeout``: the
     operator is told to keep the bound below it."""
     name = "gate bound"
     try:
-        gate = gate_config(conf)
+        gate = settings_of(app, connection=False).gate
     except ConfigurationError as exc:
         return Check("FAIL", name, str(exc))
     if not gate.enabled:
         return Check("INFO", name, "zklock_gate=False: no message is held in a worker")
-    broker = broker_redelivery_timeout(conf)
-    url = str(conf.get("broker_url") or "")
+    broker = broker_redelivery_timeout(app.conf)
+    url = str(app.conf.get("broker_url") or "")
     if url.split("://", 1)[0].split("+", 1)[0].lower() in ("amqp", "amqps", "pyamqp"):
         return Check(
             "INFO",

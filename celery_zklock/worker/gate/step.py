@@ -21,7 +21,7 @@ from celery_zklock.task.task import ZkLockTask, has_locked_tasks
 from celery_zklock.worker.gate.gate import Gate
 from celery_zklock.zk import outages
 from celery_zklock.zk.client import new_client
-from celery_zklock.zk.settings import gate_config, settings_of
+from celery_zklock.zk.settings import settings_of
 
 logger = logging.getLogger("celery_zklock.gate")
 
@@ -44,7 +44,7 @@ class GateStep(bootsteps.StartStopStep):  # type: ignore[misc]
             # gevent and eventlet workers (no event loop): a waiting run is a greenlet there,
             # and the gate's answers could not reach the consumer promptly.
             return
-        self.gate = Gate(consumer, gate_config(consumer.app.conf))
+        self.gate = Gate(consumer, settings_of(consumer.app, connection=False).gate)
         setattr(consumer, CONSUMER_ATTRIBUTE, self.gate)
         consumer.on_task_request = self.gate.wrap(consumer.on_task_request)
 
@@ -72,7 +72,7 @@ def install(sender: Any = None, **_: Any) -> None:
         if isinstance(task, ZkLockTask):  # bound now: acks_late from the app's settings too
             check_redelivery(task.name, task)
     try:
-        config = gate_config(app.conf)
+        config = settings_of(app, connection=False).gate
     except ConfigurationError as exc:
         raise SystemExit(f"celery-zklock: {exc}") from None
     if config.enabled and config.asked_outage_budget > config.outage_budget:
@@ -105,7 +105,7 @@ def probe_when_ungated(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None or not has_locked_tasks(app):
         return
-    if gate_config(app.conf).enabled:
+    if settings_of(app, connection=False).gate.enabled:
         return
     threading.Thread(target=_probe, args=(app,), name="zklock-probe", daemon=True).start()
 
