@@ -40,23 +40,21 @@ def ask(
     ``tls``, the word goes over TLS with that context, the certificate checked against
     ``server_hostname`` (default ``host``) if the context checks hostnames. At most
     :data:`MAX_ANSWER` bytes are read; a refusal (:func:`refused`) is an answer, not None."""
-    chunks: list[bytes] = []
+    answer = bytearray()
     try:
         with socket.create_connection((host, port), timeout=timeout) as raw:
             hostname = server_hostname or host
             sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=hostname)
             with sock:
                 sock.sendall(word.encode("ascii"))
-                received = 0
-                while received < MAX_ANSWER and (chunk := sock.recv(65536)):
-                    chunks.append(chunk)
-                    received += len(chunk)
+                while len(answer) < MAX_ANSWER and (chunk := sock.recv(65536)):
+                    answer += chunk
     except ssl.SSLEOFError:
-        if not chunks:  # a TLS peer that closes without close_notify has still answered
+        if not answer:  # a TLS peer that closes without close_notify has still answered
             return None
     except OSError:  # ssl.SSLError and socket.timeout included
         return None
-    return b"".join(chunks).decode("utf-8", "replace")
+    return answer.decode("utf-8", "replace")
 
 
 def refused(answer: str) -> bool:

@@ -30,7 +30,6 @@ check FAILs. The checks (the verdicts are pure functions, tested without a serve
 from __future__ import annotations
 
 import contextlib
-import ssl
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
 from celery_zklock.zk import adapter, four_letter, known
 from celery_zklock.zk.calls import Deadline, wait_result
+from celery_zklock.zk.client import tls_context
 from celery_zklock.zk.settings import (
     CREATOR_ACL,
     ClientConfig,
@@ -246,18 +246,6 @@ def acl_check(config: ClientConfig, read_back: Sequence[ACL] | None) -> Check:
 # -- probing ZooKeeper -------------------------------------------------------------------------
 
 
-def _tls_context(config: ClientConfig) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = config.check_hostname
-    if config.verify_certs:
-        context.load_verify_locations(cafile=config.ca)
-    else:
-        context.verify_mode = ssl.CERT_NONE
-    if config.certfile:
-        context.load_cert_chain(config.certfile, config.keyfile, password=config.keyfile_password)
-    return context
-
-
 def gate_bound_check(conf: Mapping[str, Any]) -> Check:
     """The gate's hold bound against the broker's redelivery bound: a held message goes back
     to the broker at ``zklock_gate_max_hold`` from its receipt, which must come before the
@@ -328,7 +316,7 @@ def server_checks(config: ClientConfig, negotiated: float | None, sessions: int)
     """``srvr`` and ``conf`` of every host of the connection string; ``sessions``: how many
     ZooKeeper sessions one worker of the app opens."""
     checks: list[Check] = []
-    tls = _tls_context(config) if config.use_ssl else None
+    tls = tls_context(config) if config.use_ssl else None
     for host, port in host_ports(config.hosts):
         where = f"{host}:{port}"
         checks.append(server_check(where, four_letter.ask(host, port, "srvr", tls=tls)))
