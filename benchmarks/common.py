@@ -24,7 +24,6 @@ import multiprocessing
 import multiprocessing.context
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperServer
-from celery_zklock.testing.zookeeper import four_letter_word, srvr
+from celery_zklock.zk import four_letter
 from celery_zklock.zk.adapter import create_node_and_parent_async, created_with_parent
 
 MIN_REPEATS = 5
@@ -237,13 +236,10 @@ def warm_zookeeper(hosts: str, requests: int = ZK_WARMUP_REQUESTS, window: int =
 
 
 def mntr(port: int) -> dict[str, str]:
-    """ZooKeeper's ``mntr`` answer as a dict (``zk_watch_count``, ``zk_znode_count``, ...)."""
-    values: dict[str, str] = {}
-    for line in (four_letter_word(port, "mntr", timeout=5.0) or "").splitlines():
-        key, _, value = line.partition("\t")
-        if key:
-            values[key.strip()] = value.strip()
-    return values
+    """ZooKeeper's ``mntr`` answer as a dict (``zk_watch_count``, ``zk_znode_count``, ...);
+    empty if the server did not answer."""
+    answer = four_letter.ask("127.0.0.1", port, "mntr", timeout=5.0)
+    return four_letter.parse("mntr", answer or "")
 
 
 def watch_count(port: int) -> int:
@@ -515,9 +511,9 @@ def machine_info(zk_port: int, redis_version: str | None) -> dict[str, Any]:
                     break
     except OSError:
         pass
-    answer = srvr(zk_port) or ""
+    srvr = four_letter.parse("srvr", four_letter.ask("127.0.0.1", zk_port, "srvr") or "")
     # Debian's build prints "3.8.0-${mvngit.commit.id}, built on ...": keep the release.
-    version = re.search(r"^Zookeeper version: ([0-9][0-9A-Za-z.]*)", answer, re.MULTILINE)
+    version = srvr.get("Zookeeper version", "unknown").split(",")[0].split("-")[0]
     versions: dict[str, str] = {}
     for module in ("kazoo", "celery", "redis", "billiard", "kombu"):
         try:
@@ -534,7 +530,7 @@ def machine_info(zk_port: int, redis_version: str | None) -> dict[str, Any]:
         "ram_gib": round(mem_total / 2**30, 1) if mem_total else None,
         "loadavg_at_start": list(os.getloadavg()),
         "python": platform.python_version(),
-        "zookeeper": version.group(1).strip() if version else "unknown",
+        "zookeeper": version,
         "redis_server": redis_version or "unknown",
         "platform": platform.platform(),
         **{f"{name}_version": value for name, value in versions.items()},

@@ -11,7 +11,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from celery_zklock.task.interrupt import _MainThreadSignal
-from celery_zklock.testing.zookeeper import four_letter_word
+from celery_zklock.zk import four_letter as four_letter_client
+from celery_zklock.zk.settings import host_ports
 
 
 def expire_session(hosts: str, client: KazooClient) -> None:
@@ -90,11 +91,16 @@ def children(client: KazooClient, path: str) -> list[str]:
 
 
 def four_letter(hosts: str, word: str) -> str:
-    """Send a ZooKeeper four-letter word to the first host of ``hosts``; return the answer."""
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    answer = four_letter_word(int(port), word, host=host, timeout=5.0)
+    """Send a ZooKeeper four-letter word to the first host of ``hosts``; return the answer.
+    Raises AssertionError naming the host and the word if it does not answer or refuses."""
+    host, port = host_ports(hosts)[0]
+    answer = four_letter_client.ask(host, port, word, timeout=5.0)
     if answer is None:
-        raise AssertionError(f"no answer to {word!r} from {host}:{port}")
+        raise AssertionError(f"no answer to {word!r} from {host}:{port}: is ZooKeeper up there?")
+    if four_letter_client.refused(answer):
+        raise AssertionError(
+            f"{host}:{port} refuses {word!r}: add it to the server's 4lw.commands.whitelist"
+        )
     return answer
 
 

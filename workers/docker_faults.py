@@ -34,7 +34,7 @@ from typing import Final
 
 import redis
 
-from celery_zklock.testing.zookeeper import four_letter_word
+from celery_zklock.zk import four_letter
 from workers.compose import WORKER_SERVICE, ZOO_SERVICES, ComposeProject, Container, docker
 from workers.faults import (
     NOT_RECONNECTED,
@@ -264,11 +264,8 @@ class DockerFaultInjector(FaultInjector):
 
     def _zoo_mode(self, service: str) -> str | None:
         """``leader``/``follower`` as ``service`` answers ``srvr``, or None."""
-        answer = four_letter_word(self.compose.port(service, 2181), "srvr") or ""
-        for line in answer.splitlines():
-            if line.startswith("Mode:"):
-                return line.split(":", 1)[1].strip()
-        return None
+        answer = four_letter.ask("127.0.0.1", self.compose.port(service, 2181), "srvr", timeout=2.0)
+        return four_letter.parse("srvr", answer or "").get("Mode")
 
     def _zoo_leader(self, timeout: float, besides: str = "") -> str | None:
         deadline = time.monotonic() + timeout

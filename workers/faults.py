@@ -31,7 +31,8 @@ from kazoo.client import KazooClient
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.processes import pid_alive
 from celery_zklock.testing.rabbitmq import RabbitMQServer
-from celery_zklock.testing.zookeeper import four_letter_word, partition_unavailable_reason
+from celery_zklock.testing.zookeeper import partition_unavailable_reason
+from celery_zklock.zk import four_letter
 from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
 from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
@@ -191,9 +192,8 @@ def session_member(ensemble: ZooKeeperEnsemble, session_id: int) -> int | None:
     for node in ensemble.nodes:
         if not node.is_running():
             continue
-        listed = {
-            int(m, 16) for m in _SESSION_ID_RE.findall(four_letter_word(node.port, "cons") or "")
-        }
+        cons = four_letter.ask("127.0.0.1", node.port, "cons", timeout=2.0) or ""
+        listed = {int(m, 16) for m in _SESSION_ID_RE.findall(cons)}
         if session_id in listed:
             return node.myid
     return None

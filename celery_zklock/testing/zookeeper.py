@@ -24,8 +24,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
-import ssl
 import subprocess
 import threading
 import time
@@ -52,6 +50,7 @@ from celery_zklock.testing.security import (
     server_config_lines,
     server_jvm_flags,
 )
+from celery_zklock.zk import four_letter
 from celery_zklock.zk.validate import positive_int
 
 __all__ = [
@@ -59,9 +58,7 @@ __all__ = [
     "ZooKeeperNode",
     "ZooKeeperOptions",
     "ZooKeeperServer",
-    "four_letter_word",
     "partition_unavailable_reason",
-    "srvr",
 ]
 
 DEBIAN_ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
@@ -85,7 +82,6 @@ long run at full load is faster with the default JIT."""
 # checked there.
 CLIENT_ADDRESSES = ("127.0.0.1", "0.0.0.0")
 SERVING_MODES = frozenset({"standalone", "leader", "follower"})
-_MODE_RE = re.compile(r"^Mode: (\w+)\s*$", re.MULTILINE)
 _BIND_FAILURE_RE = re.compile(r"Address already in use|BindException|UNABLE_TO_BIND", re.I)
 _LOG_FILE = "zookeeper.log"
 
@@ -243,54 +239,8 @@ def _find_runtime(options: ZooKeeperOptions) -> _Runtime:
     )
 
 
-# --------------------------------------------------------------------------------------- srvr
-
-
-def four_letter_word(
-    port: int,
-    word: str,
-    *,
-    host: str = "127.0.0.1",
-    timeout: float = 2.0,
-    tls: ssl.SSLContext | None = None,
-    server_hostname: str = TLS_HOSTNAME,
-) -> str | None:
-    """ZooKeeper's answer to the four-letter word ``word`` (``srvr``, ``mntr``, ``cons``, ...)
-    on ``host:port``, or None if nobody answered. Reads at most 1 MiB.
-
-    ``tls``: ask over TLS with this context (a secure client port), checking the certificate
-    against ``server_hostname`` if the context checks hostnames; a failed handshake is None.
-    """
-    chunks: list[bytes] = []
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as raw:
-            sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=server_hostname)
-            with sock:
-                sock.sendall(word.encode("ascii"))
-                received = 0
-                while received < 1 << 20 and (chunk := sock.recv(65536)):
-                    chunks.append(chunk)
-                    received += len(chunk)
-    except ssl.SSLEOFError:
-        if not chunks:  # a TLS peer that closes without close_notify has still answered
-            return None
-    except OSError:
-        return None
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-def srvr(
-    port: int, host: str = "127.0.0.1", timeout: float = 1.0, tls: ssl.SSLContext | None = None
-) -> str | None:
-    """The answer to ``srvr`` (over TLS with context ``tls``), or None if nobody answered."""
-    return four_letter_word(port, "srvr", host=host, timeout=timeout, tls=tls)
-
-
 def _mode_of(answer: str | None) -> str | None:
-    if answer is None:
-        return None
-    match = _MODE_RE.search(answer)
-    return match.group(1) if match else None
+    return None if answer is None else four_letter.parse("srvr", answer).get("Mode")
 
 
 # -------------------------------------------------------------------------------------- nodes
@@ -370,8 +320,15 @@ class ZooKeeperNode(ChildProcess):
         plain port.
         """
         if self._probe_tls is not None and self.secure_port is not None:
-            return srvr(self.secure_port, timeout=timeout, tls=self._probe_tls)
-        return srvr(self.port, timeout=timeout)
+            return four_letter.ask(
+                "127.0.0.1",
+                self.secure_port,
+                "srvr",
+                timeout=timeout,
+                tls=self._probe_tls,
+                server_hostname=TLS_HOSTNAME,
+            )
+        return four_letter.ask("127.0.0.1", self.port, "srvr", timeout=timeout)
 
     def mode(self) -> str | None:
         """``standalone``/``leader``/``follower`` while the node serves, else None.

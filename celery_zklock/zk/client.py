@@ -253,17 +253,20 @@ def _stop_quietly(client: KazooClient) -> None:
         logger.debug("error stopping a client that did not connect", exc_info=True)
 
 
-def tls_problem(config: ClientConfig) -> str | None:
-    """Why a TLS handshake with ``config``'s first answering host fails, naming the setting to
-    fix; None if one succeeds or no host accepts a connection (then it is not TLS)."""
+def tls_context(config: ClientConfig) -> ssl.SSLContext:
+    """A client TLS context as ``config`` sets it (the CA, the hostname check, the client
+    certificate), for what reaches the servers beside kazoo's own connection: the handshake of
+    :func:`tls_problem` and the doctor's four-letter words. Raises ConfigurationError naming
+    the setting when its file cannot be loaded."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = config.check_hostname
     if config.verify_certs:
-        context.verify_mode = ssl.CERT_REQUIRED
         try:
             context.load_verify_locations(cafile=config.ca)
         except (OSError, ssl.SSLError) as exc:
-            return f"TLS: zklock_ssl_ca {config.ca!r} is not a readable PEM CA file ({exc})"
+            raise ConfigurationError(
+                f"TLS: zklock_ssl_ca {config.ca!r} is not a readable PEM CA file ({exc})"
+            ) from None
     else:
         context.verify_mode = ssl.CERT_NONE
     if config.certfile:
@@ -272,10 +275,20 @@ def tls_problem(config: ClientConfig) -> str | None:
                 config.certfile, config.keyfile, password=config.keyfile_password
             )
         except (OSError, ssl.SSLError) as exc:
-            return (
+            raise ConfigurationError(
                 f"TLS: the client certificate zklock_ssl_certfile/zklock_ssl_keyfile cannot be "
                 f"loaded ({exc}); check zklock_ssl_keyfile_password"
-            )
+            ) from None
+    return context
+
+
+def tls_problem(config: ClientConfig) -> str | None:
+    """Why a TLS handshake with ``config``'s first answering host fails, naming the setting to
+    fix; None if one succeeds or no host accepts a connection (then it is not TLS)."""
+    try:
+        context = tls_context(config)
+    except ConfigurationError as exc:
+        return str(exc)
     for host, port in host_ports(config.hosts):
         try:
             raw = socket.create_connection((host, port), timeout=TLS_PROBE_TIMEOUT)

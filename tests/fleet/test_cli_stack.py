@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 from celery_zklock.testing import cli
 from celery_zklock.testing import drill as drill_steps
 from celery_zklock.testing.cli import build_parser, main
-from celery_zklock.testing.zookeeper import srvr
+from celery_zklock.zk import four_letter
 from celery_zklock.zk.client import new_client
 from celery_zklock.zk.settings import ClientConfig
 
@@ -273,11 +273,11 @@ def test_zookeeper_comes_back_when_the_drill_command_goes_away(stack_up: type[St
     interrupted.kill()  # the operator's Ctrl-C, mid-outage
     interrupted.wait(10)
     interrupted.stdout.close()
-    assert srvr(port) is None  # still down
+    assert four_letter.ask("127.0.0.1", port, "srvr", timeout=1.0) is None  # still down
     deadline = time.monotonic() + 30
     # Serving again: a server that answers srvr but has not finished starting says it is "not
     # currently serving requests" (a fresh-clone CI run met it).
-    while "Mode: standalone" not in (srvr(port) or ""):
+    while "Mode: standalone" not in (four_letter.ask("127.0.0.1", port, "srvr", timeout=1.0) or ""):
         assert time.monotonic() < deadline, "ZooKeeper did not come back"
         time.sleep(0.05)
     assert stack.proc.poll() is None  # stack up runs on

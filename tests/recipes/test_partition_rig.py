@@ -23,6 +23,7 @@ from celery_zklock.testing.zookeeper import (
     _pid_namespace_tag,
     partition_unavailable_reason,
 )
+from celery_zklock.zk import four_letter as four_letter_client
 from tests.lockutil import four_letter, wait_for
 
 # ------------------------------------------------------------------------------ black hole
@@ -143,8 +144,7 @@ def _rules(chain: str) -> list[str]:
 
 
 def _mntr(port: int) -> dict[str, str]:
-    answer = four_letter(f"127.0.0.1:{port}", "mntr")
-    return dict(line.split("\t", 1) for line in answer.splitlines() if "\t" in line)
+    return four_letter_client.parse("mntr", four_letter(f"127.0.0.1:{port}", "mntr"))
 
 
 def _uid_of(pid: int) -> int:

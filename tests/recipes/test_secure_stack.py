@@ -24,8 +24,8 @@ from kazoo.security import make_acl, make_digest_acl
 
 from celery_zklock.testing import StackError, ZooKeeperEnsemble, ZooKeeperServer
 from celery_zklock.testing.plugin import StackFactory
-from celery_zklock.testing.security import ZooKeeperSecurity
-from celery_zklock.testing.zookeeper import four_letter_word
+from celery_zklock.testing.security import TLS_HOSTNAME, ZooKeeperSecurity
+from celery_zklock.zk import four_letter
 from celery_zklock.zk.client import new_client
 from celery_zklock.zk.settings import client_config
 
@@ -226,8 +226,9 @@ def test_a_tls_only_server_listens_on_its_tls_port_alone(
     assert "clientPort=" not in config and f"secureClientPort={port}" in config
     with pytest.raises(StackError, match="no plain client port"):
         server.hosts  # noqa: B018
-    assert four_letter_word(port, "ruok", timeout=0.5) is None  # plain text: no answer there
-    answer = four_letter_word(port, "srvr", tls=server.security_material.tls_context())
+    assert four_letter.ask("127.0.0.1", port, "ruok", timeout=0.5) is None  # plain: no answer
+    tls = server.security_material.tls_context()
+    answer = four_letter.ask("127.0.0.1", port, "srvr", tls=tls, server_hostname=TLS_HOSTNAME)
     assert answer is not None and "Mode: standalone" in answer
     alice = kazoo(
         server.tls_hosts, **tls_options(server), **sasl("alice", server.sasl_users["alice"])

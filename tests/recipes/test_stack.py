@@ -32,7 +32,7 @@ from celery_zklock.testing import (
 from celery_zklock.testing import zookeeper as zookeeper_module
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.processes import listener_is_owned_by, live_children
-from celery_zklock.testing.zookeeper import srvr
+from celery_zklock.zk import four_letter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,7 +140,7 @@ def test_standalone_server_serves_kazoo_and_leaves_nothing_behind() -> None:
         assert pid is not None
         assert zk.hosts == f"127.0.0.1:{zk.port}"
         assert listener_is_owned_by(pid, zk.port)
-        assert "Mode: standalone" in (srvr(zk.port) or "")
+        assert "Mode: standalone" in (four_letter.ask("127.0.0.1", zk.port, "srvr") or "")
         client = connected_client(zk.hosts)
         try:
             client.create("/stack-test", b"hello")
@@ -168,9 +168,7 @@ def test_options_reach_the_server(zk_stack_factory: StackFactory) -> None:
         force_sync=False,
         extra_jvm_flags=["-Dzklock.test.marker=yes"],
     )
-    with socket.create_connection(("127.0.0.1", zk.port), timeout=2) as sock:
-        sock.sendall(b"conf")
-        conf = b"".join(iter(lambda: sock.recv(4096), b"")).decode()
+    conf = four_letter.ask("127.0.0.1", zk.port, "conf") or ""
     assert "tickTime=100" in conf
     assert "maxSessionTimeout=5000" in conf
     assert "maxClientCnxns=0" in conf  # tests open hundreds of clients from one address
@@ -277,7 +275,8 @@ def test_a_port_taken_by_a_listener_is_never_ours(taken_port: int) -> None:
 
 
 def test_a_fake_server_answering_srvr_is_not_taken_for_ours(fake_zookeeper: FakeServer) -> None:
-    assert "Mode: standalone" in (srvr(fake_zookeeper.port) or "")  # it does look ready
+    answer = four_letter.ask("127.0.0.1", fake_zookeeper.port, "srvr")
+    assert "Mode: standalone" in (answer or "")  # it does look ready
     answered_before = fake_zookeeper.answered
     with pytest.raises(StackError):
         ZooKeeperServer(port_picker=lambda: fake_zookeeper.port, start_attempts=1).start()
@@ -357,7 +356,7 @@ def test_zookeeper_home_with_an_apache_layout_is_used(tmp_path: Path) -> None:
             str(tmp_path / "lib" / "slf4j-simple.jar"),
             str(tmp_path / "zookeeper-3.8.0.jar"),
         ]
-        assert "Mode: standalone" in (srvr(zk.port) or "")
+        assert "Mode: standalone" in (four_letter.ask("127.0.0.1", zk.port, "srvr") or "")
 
 
 # -------------------------------------------------------------------------------------- redis

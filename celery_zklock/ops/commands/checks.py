@@ -30,9 +30,6 @@ check FAILs. The checks (the verdicts are pure functions, tested without a serve
 from __future__ import annotations
 
 import contextlib
-import re
-import socket
-import ssl
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,8 +41,9 @@ from kazoo.security import ACL
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT
-from celery_zklock.zk import adapter, known
+from celery_zklock.zk import adapter, four_letter, known
 from celery_zklock.zk.calls import Deadline, wait_result
+from celery_zklock.zk.client import tls_context
 from celery_zklock.zk.settings import (
     CREATOR_ACL,
     ClientConfig,
@@ -56,9 +54,7 @@ from celery_zklock.zk.settings import (
 
 Status = Literal["PASS", "WARN", "FAIL", "INFO"]
 
-FOUR_LETTER_TIMEOUT: Final = 3.0
 REQUEST_TIMEOUT: Final = 10.0
-_NOT_ALLOWED = re.compile(r"is not executed because it is not in the whitelist", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -129,44 +125,19 @@ def session_timeout_check(requested: float, negotiated: float | None) -> Check:
     return Check("PASS", name, f"negotiated {negotiated:g}s, as requested")
 
 
-def four_letter_allowed(answer: str | None) -> bool:
-    """False if the server refused a four-letter word (not in ``4lw.commands.whitelist``)."""
-    return answer is not None and not _NOT_ALLOWED.search(answer)
-
-
-def parse_srvr(answer: str) -> dict[str, str]:
-    """``srvr``'s ``Key: value`` lines (``Zookeeper version``, ``Mode``, ...)."""
-    found = {}
-    for line in answer.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            found[key.strip()] = value.strip()
-    return found
-
-
-def parse_conf(answer: str) -> dict[str, str]:
-    """``conf``'s ``key=value`` lines (``tickTime``, ``syncLimit``, ``minSessionTimeout``...)."""
-    found = {}
-    for line in answer.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            found[key.strip()] = value.strip()
-    return found
-
-
 def server_check(where: str, answer: str | None) -> Check:
     """Version and mode of one server from its ``srvr`` answer."""
     name = f"server {where}"
     if answer is None:
         return Check("WARN", name, "no answer to the srvr four-letter word")
-    if not four_letter_allowed(answer):
+    if four_letter.refused(answer):
         return Check(
             "WARN",
             name,
             "four-letter words are not whitelisted: version, mode and the lease-safety rule "
             "cannot be checked (4lw.commands.whitelist=srvr,conf)",
         )
-    fields = parse_srvr(answer)
+    fields = four_letter.parse("srvr", answer)
     version = fields.get("Zookeeper version", "unknown").split(",")[0].split("-")[0]
     return Check("PASS", name, f"ZooKeeper {version}, mode {fields.get('Mode', 'unknown')}")
 
@@ -182,7 +153,7 @@ def lease_safety_checks(where: str, negotiated: float | None, conf: str | None) 
     """The lease clock's assumption ``T >= 2 * tickTime`` on one server, and, as information,
     ``syncLimit * tickTime`` against ``T``, from its ``conf`` answer."""
     name = f"lease safety {where}"
-    if conf is None or not four_letter_allowed(conf):
+    if conf is None or four_letter.refused(conf):
         return [
             Check(
                 "WARN",
@@ -191,7 +162,7 @@ def lease_safety_checks(where: str, negotiated: float | None, conf: str | None) 
                 "lease clock assumes the negotiated session timeout >= 2 x tickTime",
             )
         ]
-    values = parse_conf(conf)
+    values = four_letter.parse("conf", conf)
     tick = _millis(values, "tickTime")
     if tick is None or negotiated is None:
         return [Check("WARN", name, "tickTime or the negotiated session timeout unknown")]
@@ -275,39 +246,6 @@ def acl_check(config: ClientConfig, read_back: Sequence[ACL] | None) -> Check:
 # -- probing ZooKeeper -------------------------------------------------------------------------
 
 
-def _tls_context(config: ClientConfig) -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = config.check_hostname
-    if config.verify_certs:
-        context.load_verify_locations(cafile=config.ca)
-    else:
-        context.verify_mode = ssl.CERT_NONE
-    if config.certfile:
-        context.load_cert_chain(config.certfile, config.keyfile, password=config.keyfile_password)
-    return context
-
-
-def four_letter(host: str, port: int, word: str, config: ClientConfig) -> str | None:
-    """The server's answer to a four-letter word (over TLS when the config uses it), or None
-    if it did not answer."""
-    chunks: list[bytes] = []
-    try:
-        with socket.create_connection((host, port), timeout=FOUR_LETTER_TIMEOUT) as raw:
-            sock: socket.socket = raw
-            if config.use_ssl:
-                sock = _tls_context(config).wrap_socket(raw, server_hostname=host)
-            with sock:
-                sock.sendall(word.encode("ascii"))
-                while len(chunks) < 1024 and (chunk := sock.recv(65536)):
-                    chunks.append(chunk)
-    except ssl.SSLEOFError:
-        if not chunks:
-            return None
-    except (OSError, ssl.SSLError):
-        return None
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
 def gate_bound_check(app: Any) -> Check:
     """The gate's hold bound against the broker's redelivery bound: a held message goes back
     to the broker at ``zklock_gate_max_hold`` from its receipt, which must come before the
@@ -351,9 +289,9 @@ def connection_limit_check(where: str, conf: str | None, sessions: int) -> Check
     default) against the ``sessions`` one worker of this app opens from its host (one per pool
     process, one for its main process's gate), from the server's ``conf`` answer; None when
     the server does not say."""
-    if conf is None or not four_letter_allowed(conf):
+    if conf is None or four_letter.refused(conf):
         return None
-    raw = parse_conf(conf).get("maxClientCnxns", "")
+    raw = four_letter.parse("conf", conf).get("maxClientCnxns", "")
     if not raw.isdigit():
         return None
     limit, name = int(raw), f"connections per address {where}"
@@ -378,10 +316,11 @@ def server_checks(config: ClientConfig, negotiated: float | None, sessions: int)
     """``srvr`` and ``conf`` of every host of the connection string; ``sessions``: how many
     ZooKeeper sessions one worker of the app opens."""
     checks: list[Check] = []
+    tls = tls_context(config) if config.use_ssl else None
     for host, port in host_ports(config.hosts):
         where = f"{host}:{port}"
-        checks.append(server_check(where, four_letter(host, port, "srvr", config)))
-        conf = four_letter(host, port, "conf", config)
+        checks.append(server_check(where, four_letter.ask(host, port, "srvr", tls=tls)))
+        conf = four_letter.ask(host, port, "conf", tls=tls)
         checks += lease_safety_checks(where, negotiated, conf)
         limit = connection_limit_check(where, conf, sessions)
         if limit is not None:
