@@ -461,8 +461,8 @@ _VISIBILITY_TRANSPORTS: Final = frozenset({"redis", "rediss", "sentinel", "sqs"}
 @dataclass(frozen=True)
 class GateConfig:
     """:attr:`Settings.gate`, of :mod:`celery_zklock.worker.gate`: ``enabled`` (``zklock_gate``,
-    on unless False), ``max_held`` (``zklock_gate_max_held``: past it a held message no longer
-    raises the worker's prefetch, so the worker stops fetching rather than grow without bound)
+    on unless False), ``max_held`` (``zklock_gate_max_held``: past it a busy call waits in the
+    broker, sent again with a short ETA, rather than hold a prefetch slot)
     and ``max_hold``: the longest a message is held before it goes to the pool whatever its
     ``lock_timeout`` (``zklock_gate_max_hold``; default 80% of the broker's redelivery timeout,
     so that a held message is never handed out again while it waits); ``outage_budget``, how

@@ -1,16 +1,16 @@
-"""The gate's two bounds on a real prefork worker: ``zklock_gate_max_held`` (past it a held
-message no longer raises the worker's prefetch, so the worker stops fetching) and
+"""The gate's two bounds on a real prefork worker: ``zklock_gate_max_held`` (past it a locked
+message waits in the broker, sent back with a short ETA, and the worker keeps fetching) and
 ``zklock_gate_max_hold`` (a message is held at most that long from its receipt, then goes back
 to the broker, whatever its ``lock_timeout``: the broker never hands it out again while it is
 held)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from celery import Celery
 
-from celery_zklock.testing.witness import check_witness
 from tests.lockutil import wait_for
 from tests.task.test_gate import held_at_gate
 from tests.taskapp import read_records
@@ -21,27 +21,37 @@ def _held(app: Celery) -> int:
     return sum(counts["held"] for counts in held_at_gate(app).values())
 
 
-def test_past_max_held_the_worker_stops_fetching(
+def test_past_max_held_locked_messages_wait_in_the_broker_and_plain_tasks_still_run(
     taskenv: tuple[Celery, dict[str, str], Path],
 ) -> None:
-    """``zklock_gate_max_held=2``, concurrency 2, prefetch multiplier 1: behind a holder, six
-    waiters. The gate holds two with the prefetch raised and one more in the prefetch's last
-    place, then the worker fetches nothing: never more than 3 held (6 without the bound)."""
+    """``zklock_gate_max_held=2``, concurrency 2, prefetch multiplier 1: behind a holder that
+    runs until the test lets it go, six waiters of its key. The gate holds two; the others go
+    back to the broker with a short ETA (issue 44: the cap never stops the worker fetching), so
+    plain tasks sent meanwhile run at once. Never more than 2 held; once the holder ends, the
+    six run one at a time, in the order they were sent."""
     app, env, tmp = taskenv
-    from tests.taskapp import gated_section
+    from tests.taskapp import gated_step, unlocked_noop
 
     with workers(app, "prefork", 1, {**env, "ZKLOCK_GATE_MAX_HELD": "2"}, tmp) as (worker,):
-        holder = gated_section.apply_async(("bound", 6.0), queue=worker.queue)
-        wait_for(lambda: (tmp / "witness-bound").exists(), 30, "the holder to start")
-        waiters = [gated_section.apply_async(("bound", 0.1), queue=worker.queue) for _ in range(6)]
-        wait_for(lambda: _held(app) >= 3, 30, "the gate to hold waiters")
-        seen = [_held(app) for _ in range(3)]  # about a second each, the holder still holds
-        assert not holder.ready(), "the holder ended before the gate was looked at"
-        for call in [holder, *waiters]:
-            call.get(timeout=60)
-    assert max(seen) == 3, seen
-    report = check_witness(tmp / "witness-bound")
-    assert report.sections == 7 and report.overlaps == [], report
+        holder = gated_step.apply_async(("bound", -1, 120.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "steps-bound").exists(), 30, "the holder to start")
+        waiters = []
+        for seq in range(6):
+            waiters.append(gated_step.apply_async(("bound", seq, 0.1), queue=worker.queue))
+            time.sleep(0.05)  # the order they are sent in, not a synchronisation
+        wait_for(lambda: _held(app) >= 2, 30, "the gate to hold waiters")
+        plain = [unlocked_noop.apply_async(queue=worker.queue) for _ in range(3)]
+        for result in plain:
+            result.get(timeout=10)  # before the cap sent them back: after the holder's 120 s
+        seen = [_held(app) for _ in range(3)]
+        assert not holder.ready(), "the holder ended before the plain tasks ran"
+        (tmp / "release-bound").touch()
+        assert holder.get(timeout=60) == -1
+        assert [call.get(timeout=60) for call in waiters] == list(range(6))
+    assert max(seen) <= 2, seen
+    starts = [r["seq"] for r in read_records(tmp / "steps-bound") if r["at"] == "start"]
+    assert starts == [-1, 0, 1, 2, 3, 4, 5], starts
+    assert "over its cap of 2 held message(s)" in worker.log_text()
 
 
 def test_a_message_is_held_no_longer_than_max_hold(

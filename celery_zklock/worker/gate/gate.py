@@ -5,7 +5,8 @@ The gate sits in front of the consumer's ``on_task_request`` (the call that hand
 the pool, after Celery's ETA and rate-limit handling). A request of a ``ZkLockTask`` whose call
 waits when busy (``on_busy="wait"``) is looked up by its lock path; if the lock could be granted
 now it goes on at once, else it is *held*: received and not acknowledged, like an ETA message
-(the worker's prefetch is raised by one so it keeps fetching, up to ``zklock_gate_max_held``).
+(the worker's prefetch is raised by one so it keeps fetching; past ``zklock_gate_max_held``
+held messages a locked message waits in the broker instead, sent again with a short ETA).
 Held messages go to the pool in arrival order per key, when the lock's own predicate
 (:mod:`celery_zklock.worker.gate.line`) says a new contender would be granted; the pool run then
 takes its lock exactly as without the gate, so the gate decides only *when* to dispatch: mutual
@@ -59,7 +60,7 @@ from celery_zklock.task import outage, sendback, visibility
 from celery_zklock.task.metrics import count_held
 from celery_zklock.task.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
 from celery_zklock.task.task import ZkLockTask
-from celery_zklock.worker.gate.giveback import give_back
+from celery_zklock.worker.gate.giveback import give_back, send_later
 from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
 from celery_zklock.zk import outages
 from celery_zklock.zk.client import get_client
@@ -76,6 +77,9 @@ SENT_BACK_SETTLE: Final = 0.2
 """Seconds a call its run sent back waits at the gate before it may go to the pool: the calls
 sent back with it (due at the same instant, their ETAs a few milliseconds apart) come in
 meanwhile, and the line takes them by when each first reached a gate."""
+OVER_CAP_DELAY: Final = 1.0
+"""Seconds a locked message waits in the broker (its ETA) when it came over the gate's cap on
+held messages (``zklock_gate_max_held``), before it comes to a gate again."""
 RECONNECT_EVERY: Final = 5.0
 """Seconds between the gate's attempts to connect when ZooKeeper was unreachable at start."""
 
@@ -213,6 +217,10 @@ class Gate:
             )
             give_back([request])
             return None
+        if self.held >= self.config.max_held and self._send_later(path, held):
+            if line.idle:
+                self.lines.pop(path, None)
+            return None
         self._hold(line, held, in_place=first is not None)
         if connected and not line.reading and (line.queue is None or not line.watched):
             self._read(line)
@@ -253,6 +261,23 @@ class Gate:
         count_held(held.request.name, 1)
         if line.holder is not None:
             self._tell_held(line, held)
+
+    def _send_later(self, path: str, held: Held) -> bool:
+        """Over the cap on held messages: ``held`` waits in the broker, sent again with an ETA
+        of :data:`OVER_CAP_DELAY` (at most a quarter of the broker bound), keeping its place
+        in its key's line (:func:`~celery_zklock.worker.gate.giveback.send_later`)."""
+        delay = min(OVER_CAP_DELAY, self.config.max_hold / 4)
+        if not send_later(held.request, delay, held.due):
+            return False  # held here all the same, without raising the prefetch
+        logger.info(
+            "celery-zklock gate: over its cap of %d held message(s) (zklock_gate_max_held), 1 "
+            "message(s) of %s go back to the broker for %.2fs: %s",
+            self.config.max_held,
+            path,
+            delay,
+            held.request.id,
+        )
+        return True
 
     def _release_hold(self, held: Held) -> None:
         """``held`` leaves the gate (to the pool or the broker): its prefetch and gauge."""
