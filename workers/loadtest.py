@@ -772,6 +772,19 @@ def count_nodes(client: KazooClient, path: str) -> int:
     return _left_and_rated(client, path)[0]
 
 
+def _leaves(client: KazooClient, path: str) -> list[str]:
+    """The znodes below ``path`` without children, rate-limit state apart."""
+    try:
+        children = [c for c in client.get_children(path) if c != RATE_NODE]
+    except NoNodeError:
+        return []
+    found = []
+    for child in children:
+        below = f"{path.rstrip('/')}/{child}"
+        found.extend(_leaves(client, below) or [below])
+    return found
+
+
 def _left_and_rated(client: KazooClient, path: str) -> tuple[int, bool]:
     """(left-behind nodes below ``path``, whether any rate-limit state is there)."""
     try:
@@ -790,8 +803,11 @@ def _left_and_rated(client: KazooClient, path: str) -> tuple[int, bool]:
     return left, rated
 
 
-def _leftover_nodes(hosts: str, root: str, timeout: float) -> int:
-    """Znodes under ``root`` once the server reaped what it will (or at the deadline)."""
+def _leftover_nodes(
+    hosts: str, root: str, timeout: float, say: Callable[[str], None] = lambda _: None
+) -> int:
+    """Znodes under ``root`` once the server reaped what it will (or at the deadline); says the
+    deepest of those left (at most 10), with their data."""
     client = KazooClient(hosts=hosts, logger=quiet_kazoo_logger())
     client.start(timeout=15)
     try:
@@ -799,6 +815,10 @@ def _leftover_nodes(hosts: str, root: str, timeout: float) -> int:
         while True:
             count = count_nodes(client, root)
             if count == 0 or time.monotonic() >= deadline:
+                for path in _leaves(client, root)[:10]:
+                    with contextlib.suppress(NoNodeError):
+                        data = client.get(path)[0][:200]
+                        say(f"  left behind: {path} {data!r}")
                 return count
             time.sleep(POLL)
     finally:
@@ -983,7 +1003,7 @@ def _drive(
             f"{time.strftime('%H:%M:%S', time.localtime(at))} and was restarted (see its log)"
         )
     reap_timeout = 2 * run.settings.session_timeout + 15.0
-    leftovers = _leftover_nodes(run.settings.zk_hosts, run.settings.zk_root, reap_timeout)
+    leftovers = _leftover_nodes(run.settings.zk_hosts, run.settings.zk_root, reap_timeout, say)
     events = SectionRecorder(run.records, run.run_id).events()
     faults = FaultLog(run.records, run.run_id).records()
     with progress.lock:

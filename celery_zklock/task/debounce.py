@@ -30,7 +30,10 @@ What survives a worker that dies mid-window: the record (persistent) and the sen
 once, later by the broker's redelivery. A message sent back comes again carrying
 :data:`DEBOUNCE_HEADER`; one that finds its result final (its skip stored by the call that
 superseded it) ends with it, and one that finds no record (deleted by a later call's run, or by
-its own earlier run) ends without a state. A message handed out again whose call already
+its own earlier run) ends without a state, unless it finds no final state of its call: then
+its own earlier run ended the window and died before the call ended (a call a newer one
+superseded has that call's skip stored), and it runs, at least once (with ``ignore_result``
+it cannot tell, and ends without a state). A message handed out again whose call already
 contends for its lock (it won its window, and its run holds or waits) is a copy of that run, not
 a call of a newer window: it goes on to its lock, where the delivery checks
 (:mod:`celery_zklock.task.delivery`) ignore it while its original lives or once the call ended,
@@ -160,6 +163,11 @@ def before_lock(run: Any, client: KazooClient) -> Any:
     if settled.action == "skip":
         return _skip(run, settled.by)
     if settled.action == "gone":
+        if _results_stored(run) and not finished_already(task, run.task_id):
+            # Its own earlier run ended the window and died before the call ended (a call a
+            # newer one superseded has its skip stored): the call runs, at least once.
+            run._log("debounce-won", run.path)
+            return None
         run._log("debounce-gone", run.path)
         raise DuplicateDelivery(
             f"task {run.task_id}: its debounce window's record is gone (a later call's run "
@@ -182,6 +190,14 @@ def _contends(run: Any, client: KazooClient) -> bool:
     except (ZooKeeperUnavailable, KazooException) as exc:
         run._unavailable(f"ZooKeeper failed while reading lock {run.path}: {exc}", exc)
     return first_of_task(queue, run.task_id) is not None
+
+
+def _results_stored(run: Any) -> bool:
+    """Whether the call's final state can be read: results stored for the task and this call."""
+    task = run.task
+    if task.ignore_result or getattr(run.request, "ignore_result", False):
+        return False
+    return not isinstance(task.backend, DisabledBackend)
 
 
 def _skip(run: Any, by: Any) -> Any:

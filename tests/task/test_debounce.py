@@ -149,3 +149,27 @@ def test_a_copy_of_a_call_past_its_window_is_ignored_not_debounced(
     assert [r["value"] for r in read_records(tmp / "debounced-hold-copy")] == [0, 1]
     skips = [line for line in log.splitlines() if first.id in line and "'debounced'" in line]
     assert skips == [], skips
+
+
+def test_a_call_killed_after_it_won_its_window_still_runs(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """A call won its window (its run ended the window and took the lock) and its worker is
+    SIGKILLed mid-body. The broker hands its message out again once the dead run's lock node
+    is gone (a 15 s visibility timeout, a 4 s session): the copy finds no window (the call's
+    own run ended it) and no contender of its call, and no final state: the call runs again,
+    Celery's at-least-once (issue 45's fault run at 79cabdc ignored such a copy as "gone" and
+    lost the call)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import debounced_hold, read_records
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "15"}
+    with workers(app, "prefork", 1, env, tmp, prefix="a", queues=["dq"]) as (first,):
+        call = debounced_hold.apply_async(("won", 7), queue="dq")
+        wait_for(lambda: read_records(tmp / "debounced-hold-won"), 30, "the body")
+        first.kill()  # SIGKILL to its main and pool processes, mid-body
+    (tmp / "release-won").touch()  # the next body returns at once
+    with workers(app, "prefork", 1, env, tmp, prefix="b", queues=["dq"]) as (second,):
+        assert call.get(timeout=60) == {"value": 7}
+        assert "event=debounce-gone" not in second.log_text()
+    assert [r["task_id"] for r in read_records(tmp / "debounced-hold-won")] == [call.id] * 2
