@@ -119,8 +119,8 @@ class Mutex:
                 already sent are awaited a little longer (a third of the session timeout), so
                 ``timeout=0`` is granted a free lock; a try-lock bounds its requests by the
                 session timeout.
-            data: bytes stored in our contender node (who we are, for operators and for
-                :meth:`blocker_data`); Curator stores the client's IP there.
+            data: bytes stored in our contender node (who we are, for operators); Curator
+                stores the client's IP there.
             cancel: asked while the acquire waits (for other holders or for an answer), at
                 least every :data:`~celery_zklock.zk.calls.WAIT_SLICE` seconds: once it returns
                 true the acquire gives up, as at a passed deadline (LockTimeout, or
@@ -235,20 +235,15 @@ class Mutex:
                 # with this attempt's uuid: remove it before the exception goes on.
                 queue.abandon(prefix)
                 raise
-            node = f"{self.path}/{created.name}"
+            ours = created.ours
+            node = f"{self.path}/{ours.name}"
             if not granted:
                 queue.discard(node)
                 return None
             return Hold(
-                context.clock,
-                self.path,
-                node,
-                self.kind,
-                created.token,
-                created.session_id,
-                created.epoch,
+                context.clock, self.path, node, self.kind, ours.token, ours.session, created.epoch,
                 thread_id,
-            )
+            )  # fmt: skip
 
     def _ensure_fresh(self, io: Deadline) -> None:
         """Before handing out a lease: make sure the lease clock has a renewal's worth left."""
@@ -296,7 +291,3 @@ class Mutex:
     def participant_nodes(self) -> list[str]:
         """Names of the current contender nodes on this path, in grant order."""
         return self._queue.participant_nodes()
-
-    def blocker_data(self, timeout: float = 5.0) -> bytes | None:
-        """Data of the node a new acquire would wait on first (the holder), or None."""
-        return self._queue.blocker_data(timeout)
