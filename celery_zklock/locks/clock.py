@@ -268,11 +268,11 @@ class LeaseClock:
             # would otherwise sleep past the first renewal (an idle renewer wakes every R).
             wake = self._renewer_wakes_at > self._next_renewal
         current = self._session.session_id()
-        if current is not None and current != held.session_id:
+        if current is not None and current != held.ours.session:
             self.declare_lost(
                 LossCode.SESSION_EXPIRED,
                 "the ZooKeeper session changed",
-                only_session=held.session_id,
+                only_session=held.ours.session,
             )
         if start:
             self._handler.spawn(self._renew_loop)
@@ -312,8 +312,8 @@ class LeaseClock:
             victims = [
                 held
                 for held in self._timed
-                if (only_session is None or held.session_id == only_session)
-                and (except_session is None or held.session_id != except_session)
+                if (only_session is None or held.ours.session == only_session)
+                and (except_session is None or held.ours.session != except_session)
             ]
             told = []
             for held in victims:

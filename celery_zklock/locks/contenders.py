@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal, get_args
 
+from kazoo.protocol.states import ZnodeStat
+
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks.identity import Identity
+from celery_zklock.locks.identity import Identity, parse_identity
 
 Kind = Literal["read", "write", "lease"]
 """The access a contender asks for: ``write`` excludes everyone, ``read`` excludes writers only,
@@ -62,6 +64,9 @@ _CHILD = re.compile(
 _UNKNOWN_SEQUENTIAL = re.compile(r"^(?P<prefix>.*?)(?P<seq>\d{10})$")
 
 PROTECTED_PREFIX = "_c_"
+
+UNREAD: Final = Identity(ours=False)
+"""The identity of a contender whose node was not read: nobody's, as a foreign node's."""
 
 
 @dataclass(frozen=True)
@@ -126,28 +131,51 @@ def protected_prefix(uuid: str) -> str:
 @dataclass(frozen=True, order=True)
 class Contender:
     """One contender node: its sequence number, name and the kind of access it asks for, and,
-    once its data was read, the :class:`~celery_zklock.locks.identity.Identity` stored in it
-    (None until then; not part of comparisons, the queue order is by sequence)."""
+    once its node was read (:func:`read_contender`), what the node holds: the
+    :class:`~celery_zklock.locks.identity.Identity` in its data, its ``token`` (``czxid``, the
+    fencing token), when it was ``created`` (Unix time, the server's clock) and the ``session``
+    that owns it. Until then the identity is :data:`UNREAD` and the numbers are 0. Only
+    sequence, name and kind take part in comparisons: the queue order is by sequence."""
 
     seq: int
     name: str
     kind: Kind
-    identity: Identity | None = field(default=None, compare=False)
+    identity: Identity = field(default=UNREAD, compare=False)
+    token: int = field(default=0, compare=False)
+    created: float = field(default=0.0, compare=False)
+    session: int = field(default=0, compare=False)
 
     @property
     def task_id(self) -> str | None:
         """The task id of the run that made the node (None if unread or not a run's node)."""
-        return None if self.identity is None else self.identity.task_id
+        return self.identity.task_id
 
     @property
     def retries(self) -> int:
         """The retries of the run that made the node (0 if unread or not a run's node)."""
-        return 0 if self.identity is None else self.identity.retries
+        return self.identity.retries
 
     @property
     def mode(self) -> LockMode:
         """``exclusive`` (write), ``shared`` (read) or ``semaphore`` (lease)."""
         return _MODE_OF_KIND[self.kind]
+
+    def age(self, now: float) -> float:
+        """Seconds since the node was created, at Unix time ``now`` (never negative)."""
+        return max(0.0, now - self.created)
+
+
+def read_contender(contender: Contender, data: bytes | None, stat: ZnodeStat) -> Contender:
+    """``contender`` with what its node holds, from the node's ``data`` and ``stat``: the one
+    way a read contender node becomes a record (:func:`~celery_zklock.locks.queue.read_queues`
+    reads them)."""
+    return replace(
+        contender,
+        identity=parse_identity(data),
+        token=int(stat.czxid),
+        created=stat.ctime / 1000.0,
+        session=int(stat.ephemeralOwner),
+    )
 
 
 def parse_child(name: str) -> Contender | None:
@@ -237,6 +265,21 @@ def first_blocker(queue: Sequence[Contender], kind: LockKind) -> Contender | Non
         assert kind.limit is not None
         return queue[len(queue) - kind.limit] if len(queue) >= kind.limit else None
     return next((c for c in queue if kind.kind == "write" or c.kind == "write"), None)
+
+
+def holding(queue: Sequence[Contender], limit: int | None = None) -> list[Contender]:
+    """The contenders of ``queue`` that hold the lock: each one :func:`first_blocker` lets
+    through at its place, asking for its own kind, or for one of ``limit`` leases (the ``N`` of
+    a semaphore). That is one writer, every reader ahead of the first writer, or a semaphore's
+    first ``limit``: always the head of the queue, as whoever follows a waiter waits too."""
+    lease = None if limit is None else lock_kind("semaphore", limit)
+    held: list[Contender] = []
+    for index, contender in enumerate(queue):
+        kind = lease if lease is not None else WRITE if contender.kind == "write" else READ
+        if first_blocker(queue[:index], kind) is not None:
+            break
+        held.append(contender)
+    return held
 
 
 # -- a semaphore's limit, in the data of the lock's parent --------------------------------------

@@ -10,7 +10,8 @@ identity`: task id, task name, retries, worker, pid); the node's ``czxid`` is th
 token and its ``ctime`` when it entered the queue.
 
 - :func:`read_lock`: one lock as a :class:`LockState` (holders and waiters in queue order). Pure
-  from the nodes read (:func:`lock_state`), so the decision is the very one the lock recipes make.
+  from the contenders read (:func:`lock_state`): who holds is the lock recipes' own answer
+  (:func:`~celery_zklock.locks.contenders.holding`).
 - :func:`request_break`: write a break request into a holder's node (``celery zklock break``);
   the format and what the holder does with it: :mod:`celery_zklock.locks.identity`.
 
@@ -23,21 +24,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
-from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.locks.contenders import (
     PROTECTED_PREFIX,
     Contender,
-    Kind,
     LockMode,
-    decide,
+    holding,
     parse_limit,
-    queue_of,
 )
 from celery_zklock.locks.identity import (
     Identity,
@@ -51,7 +49,6 @@ from celery_zklock.zk.calls import Deadline, wait_result
 __all__ = [
     "READ_TIMEOUT",
     "BreakOutcome",
-    "Entry",
     "Holder",
     "LockState",
     "lock_state",
@@ -83,68 +80,43 @@ class Holder:
     node: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class Entry(Contender):
-    """One contender node of a lock, as read: the contender record (place, kind, identity) with
-    its grant, token and age.
-
-    ``kind`` is the access it asks for: ``write`` (``_c_<uuid>-lock-`` and ``__WRIT__`` nodes),
-    ``read`` (``__READ__``), or ``lease`` (a node of a semaphore: named like a mutex's, told
-    apart by the limit stored in the lock's node).
-    """
-
-    identity: Identity = field(compare=False)
-    holds: bool
-    token: int
-    created: float
-    """Unix time (seconds) the node was created, by the server's clock."""
-    session: int
-
-    def age(self, now: float) -> float:
-        """Seconds since the node was created, at Unix time ``now`` (never negative)."""
-        return max(0.0, now - self.created)
-
-    @property
-    def breakable(self) -> bool:
-        """True if the holder can hear a break request: a celery-zklock contender (Curator's
-        protected name, JSON or no data); not a Curator one (its IP as data) nor a kazoo
-        recipe's."""
-        return breakable(self.name, self.identity)
-
-
 def breakable(name: str, identity: Identity) -> bool:
-    """See :attr:`Entry.breakable`."""
+    """True if the holder of the node ``name`` whose data holds ``identity`` can hear a break
+    request: a celery-zklock contender (Curator's protected name, JSON or no data); not a
+    Curator one (its IP as data) nor a kazoo recipe's."""
     return identity.ours and name.startswith(PROTECTED_PREFIX)
 
 
 @dataclass(frozen=True)
 class LockState:
-    """One lock: its path, its contender nodes in queue order, and ``limit``, the ``N`` of a
-    semaphore (None for other locks)."""
+    """One lock: its path, its contender nodes in queue order, each read with its identity,
+    token and creation time, and ``limit``, the ``N`` of a semaphore (None for other locks;
+    its nodes then ask for ``lease`` access: named like a mutex's, they are told apart by the
+    limit stored in the lock's node)."""
 
     path: str
-    entries: tuple[Entry, ...]
+    entries: tuple[Contender, ...]
     limit: int | None = None
     admissions: tuple[float, ...] = ()
     """With ``lock_rate``: when the key's recorded admissions were made (ZooKeeper's clock,
     oldest first): those of the last period, as of the key's last admission decision."""
 
     @property
-    def holders(self) -> tuple[Entry, ...]:
-        """The nodes that hold the lock now: one writer, every reader ahead of the first
-        writer, or a semaphore's first ``limit`` nodes."""
-        return tuple(e for e in self.entries if e.holds)
+    def holders(self) -> tuple[Contender, ...]:
+        """The nodes that hold the lock now (:func:`~celery_zklock.locks.contenders.holding`):
+        one writer, every reader ahead of the first writer, or a semaphore's first ``limit``
+        nodes."""
+        return tuple(holding(self.entries, self.limit))
 
     @property
-    def waiters(self) -> tuple[Entry, ...]:
+    def waiters(self) -> tuple[Contender, ...]:
         """The nodes waiting, in the order they will be granted."""
-        return tuple(e for e in self.entries if not e.holds)
+        return self.entries[len(self.holders) :]
 
     @property
     def mode(self) -> LockMode | None:
         """The mode the lock is held in (None if nobody holds it)."""
-        holders = self.holders
-        return holders[0].mode if holders else None
+        return self.entries[0].mode if self.entries else None
 
     def holder_records(self, now: float) -> tuple[Holder, ...]:
         """The holders as :class:`Holder` records, ages at Unix time ``now``."""
@@ -162,37 +134,12 @@ class LockState:
         )
 
 
-def lock_state(
-    path: str,
-    nodes: Iterable[tuple[str, bytes | None, ZnodeStat]],
-    lock_data: bytes | None = None,
-) -> LockState:
-    """The :class:`LockState` of the lock at ``path`` from its nodes ``(name, data, stat)`` and
-    the lock node's own data (a semaphore's limit, ``max_leases=N``).
-
-    Children that are not contenders are left out; who holds is decided by
-    :func:`celery_zklock.locks.contenders.decide`, as each contender decides for itself.
-    """
+def lock_state(path: str, queue: Iterable[Contender], lock_data: bytes | None = None) -> LockState:
+    """The :class:`LockState` of the lock at ``path`` from its contenders as read (in any
+    order) and the lock node's own data (a semaphore's limit, ``max_leases=N``)."""
     limit = parse_limit(lock_data)
-    read = {name: (data, stat) for name, data, stat in nodes}
-    queue = queue_of(read)
-    entries = []
-    for contender in queue:
-        data, stat = read[contender.name]
-        kind: Kind = "lease" if limit is not None else contender.kind
-        entries.append(
-            Entry(
-                name=contender.name,
-                seq=contender.seq,
-                kind=kind,
-                holds=decide(queue, contender.name, kind, limit).holds,
-                token=int(stat.czxid),
-                created=stat.ctime / 1000.0,
-                session=int(stat.ephemeralOwner),
-                identity=parse_identity(data),
-            )
-        )
-    return LockState(path, tuple(entries), limit)
+    entries = (replace(c, kind="lease") for c in queue) if limit is not None else queue
+    return LockState(path, tuple(sorted(entries)), limit)
 
 
 # -- reading ZooKeeper -------------------------------------------------------------------------
@@ -201,10 +148,7 @@ def lock_state(
 def read_states(client: KazooClient, paths: Sequence[str], deadline: Deadline) -> list[LockState]:
     """The locks at ``paths``, in order, read within ``deadline``."""
     read = read_queues(client, paths, deadline, parent_data=True)
-    return [
-        lock_state(path, [(c.name, data, stat) for c, data, stat in nodes], own)
-        for path, (own, nodes) in zip(paths, read, strict=True)
-    ]
+    return [lock_state(path, queue, own) for path, (own, queue) in zip(paths, read, strict=True)]
 
 
 def read_lock(client: KazooClient, path: str, timeout: float = READ_TIMEOUT) -> LockState:

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Protocol, TypeVar
 
 from celery_zklock.errors import LockLost, LossCode
-from celery_zklock.locks.contenders import Kind
+from celery_zklock.locks.contenders import Contender, Kind
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -38,29 +38,19 @@ class Hold:
     """The record of our contender node while it holds the lock, shared by the leases of
     reentrant acquires.
 
-    A passive record: the lock front end counts acquires and releases on it, and the client's
-    lease clock (:class:`~celery_zklock.locks.clock.LeaseClock`) records its loss
-    (:meth:`record_lost`, :meth:`tell_lost`) when the session behind the node may be gone or
-    its node was broken. A loss is a :class:`~celery_zklock.errors.LossCode` and a text.
+    ``ours`` is our node's contender record (its name, the kind of lock held, its fencing
+    token and the session that owns it), ``node`` its full path. A passive record: the lock
+    front end counts acquires and releases on it, and the client's lease clock
+    (:class:`~celery_zklock.locks.clock.LeaseClock`) records its loss (:meth:`record_lost`,
+    :meth:`tell_lost`) when the session behind the node may be gone or its node was broken. A
+    loss is a :class:`~celery_zklock.errors.LossCode` and a text.
     """
 
-    def __init__(
-        self,
-        clock: Clock,
-        path: str,
-        node: str,
-        kind: Kind,
-        token: int,
-        session_id: int,
-        epoch: int,
-        thread_id: int,
-    ) -> None:
+    def __init__(self, clock: Clock, path: str, ours: Contender, epoch: int, thread_id: int):
         self.clock = clock
         self.path = path
-        self.node = node
-        self.kind: Kind = kind
-        self.token = token
-        self.session_id = session_id
+        self.ours = ours
+        self.node = f"{path}/{ours.name}"
         self.epoch = epoch
         self.thread_id = thread_id
         self.count = 1
@@ -91,7 +81,7 @@ class Hold:
         if callbacks is None:
             return
         logger.warning(
-            "lock %s lost (token %d, %s): %s", self.node, self.token, self.lost_code, reason
+            "lock %s lost (token %d, %s): %s", self.node, self.ours.token, self.lost_code, reason
         )
         for callback in callbacks:
             try:
@@ -182,7 +172,7 @@ class Lease(HeldLease):
 
     @property
     def token(self) -> int:
-        return self._hold.token
+        return self._hold.ours.token
 
     @property
     def node(self) -> str:
@@ -194,11 +184,11 @@ class Lease(HeldLease):
 
     @property
     def tokens(self) -> dict[str, int]:
-        return {self._hold.path: self._hold.token}
+        return {self._hold.path: self._hold.ours.token}
 
     @property
     def kind(self) -> Kind:
-        return self._hold.kind
+        return self._hold.ours.kind
 
     @property
     def released(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Literal, overload
 from uuid import uuid4
 
@@ -119,8 +120,8 @@ class Mutex:
                 already sent are awaited a little longer (a third of the session timeout), so
                 ``timeout=0`` is granted a free lock; a try-lock bounds its requests by the
                 session timeout.
-            data: bytes stored in our contender node (who we are, for operators and for
-                :meth:`blocker_data`); Curator stores the client's IP there.
+            data: bytes stored in our contender node (who we are, for operators); Curator
+                stores the client's IP there.
             cancel: asked while the acquire waits (for other holders or for an answer), at
                 least every :data:`~celery_zklock.zk.calls.WAIT_SLICE` seconds: once it returns
                 true the acquire gives up, as at a passed deadline (LockTimeout, or
@@ -204,14 +205,15 @@ class Mutex:
             hold: Hold | None = context.owned.get((self.path, thread_id))
             if hold is None or hold.lost_reason is not None:
                 return None
-            if hold.kind == "read" and self.kind == "write":
+            held = hold.ours.kind
+            if held == "read" and self.kind == "write":
                 raise ZkLockError(
                     f"this thread holds a read lock on {self.path} and asked for the write lock: "
                     "upgrading would deadlock; release the read lock first"
                 )
-            if (hold.kind == "lease") != (self.kind == "lease"):
+            if (held == "lease") != (self.kind == "lease"):
                 raise ZkLockError(
-                    f"this thread holds a {hold.kind} lock on {self.path} and asked for a "
+                    f"this thread holds a {held} lock on {self.path} and asked for a "
                     f"{self.kind} lock on the same path: a semaphore's path is not a mutex's"
                 )
             hold.count += 1
@@ -235,20 +237,11 @@ class Mutex:
                 # with this attempt's uuid: remove it before the exception goes on.
                 queue.abandon(prefix)
                 raise
-            node = f"{self.path}/{created.name}"
             if not granted:
-                queue.discard(node)
+                queue.discard(f"{self.path}/{created.ours.name}")
                 return None
-            return Hold(
-                context.clock,
-                self.path,
-                node,
-                self.kind,
-                created.token,
-                created.session_id,
-                created.epoch,
-                thread_id,
-            )
+            ours = replace(created.ours, kind=self.kind)  # a semaphore's: "lease", not "write"
+            return Hold(context.clock, self.path, ours, created.epoch, thread_id)
 
     def _ensure_fresh(self, io: Deadline) -> None:
         """Before handing out a lease: make sure the lease clock has a renewal's worth left."""
@@ -272,7 +265,7 @@ class Mutex:
                 del context.owned[key]
         context.clock.untrack(hold)
         session_id = context.session_id()
-        if context.epoch != hold.epoch or session_id not in (hold.session_id, None):
+        if context.epoch != hold.epoch or session_id not in (hold.ours.session, None):
             hold.mark_lost(
                 LossCode.SESSION_EXPIRED,
                 "the ZooKeeper session that created the lock node ended before release",
@@ -296,7 +289,3 @@ class Mutex:
     def participant_nodes(self) -> list[str]:
         """Names of the current contender nodes on this path, in grant order."""
         return self._queue.participant_nodes()
-
-    def blocker_data(self, timeout: float = 5.0) -> bytes | None:
-        """Data of the node a new acquire would wait on first (the holder), or None."""
-        return self._queue.blocker_data(timeout)

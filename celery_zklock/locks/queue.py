@@ -46,7 +46,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from kazoo.exceptions import (
@@ -59,18 +59,18 @@ from kazoo.exceptions import (
     NoNodeError,
     SessionExpiredError,
 )
-from kazoo.protocol.states import EventType, KazooState, WatchedEvent, ZnodeStat
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks.contenders import (
     Contender,
     LockKind,
     decide,
-    first_blocker,
     limit_agreement,
     limit_data,
     parse_child,
     queue_of,
+    read_contender,
 )
 from celery_zklock.locks.context import ClientContext
 from celery_zklock.zk import adapter
@@ -84,14 +84,12 @@ PARTICIPANTS_TIMEOUT: Final = 5.0
 
 @dataclass
 class Created:
-    """Our contender node, just created: its name, fencing token, session and a listing of the
-    parent taken after it."""
+    """Our contender node, just created: its record (name, fencing token, session), the
+    client's connection epoch then, and the queue as listed after it."""
 
-    name: str
-    token: int
-    session_id: int
+    ours: Contender
     epoch: int
-    children: list[str]
+    queue: list[Contender]
 
 
 class SessionGone(Exception):
@@ -192,7 +190,10 @@ class ContenderQueue:
                 self.abandon_later(prefix)
                 raise SessionGone()
             context.remember_parent(self.path, True)
-            return Created(path.rsplit("/", 1)[1], token, session_id, epoch, children)
+            ours = parse_child(path.rsplit("/", 1)[1])
+            assert ours is not None  # a name we made
+            ours = replace(ours, token=token, session=session_id)
+            return Created(ours, epoch, queue_of(children))
 
     def _czxid(self, path: str, io: Deadline) -> int:
         """The czxid of our node at ``path`` (read; SessionGone if it is not there)."""
@@ -254,37 +255,28 @@ class ContenderQueue:
     def _find_ours(self, prefix: str, io: Deadline) -> Created | None:
         """After a connection loss during our create: find our node by its uuid, if it exists.
 
-        Syncs first so that a follower we reconnected to has applied our create if the leader
-        did; every child with our prefix is ours (a twin from an earlier look is deleted), and
-        one owned by an older session of ours is gone with it.
+        Read after a ``sync`` (:func:`read_queues`), so that a follower we reconnected to has
+        applied our create if the leader did; every child with our prefix is ours (a twin from
+        an earlier look is deleted), and one owned by an older session of ours is gone with it.
         """
-        context, client = self.context, self.client
+        context = self.context
         what = f"looking for our contender under {self.path}"
+
+        def named_ours(queue: list[Contender]) -> list[Contender]:
+            return [c for c in queue if c.name.startswith(prefix)]
+
         while True:
             context.await_connected(io, what)
             session_id, epoch = context.session_id(), context.epoch
             if session_id is None:
                 continue
             try:
-                wait_result(client.sync_async(self.path), io, what)
-                children = wait_result(client.get_children_async(self.path), io, what)
-                ours = sorted(
-                    (c for c in (parse_child(n) for n in children if n.startswith(prefix)) if c),
-                )
-                found: Created | None = None
-                for contender in ours:
-                    node = f"{self.path}/{contender.name}"
-                    stat = wait_result(client.exists_async(node), io, what)
-                    if stat is None or stat.ephemeralOwner != session_id:
-                        continue
-                    if found is None:
-                        found = Created(contender.name, stat.czxid, session_id, epoch, children)
-                    else:
-                        with suppress(NoNodeError):
-                            wait_result(client.delete_async(node), io, what)
-                return found
-            except NoNodeError:
-                return None  # the parent is gone, and with it any node of ours
+                [(_, queue)] = read_queues(self.client, [self.path], io, named_ours)
+                ours = [c for c in named_ours(queue) if c.session == session_id]
+                for twin in ours[1:]:
+                    with suppress(NoNodeError):
+                        wait_result(self.client.delete_async(f"{self.path}/{twin.name}"), io, what)
+                return Created(ours[0], epoch, queue) if ours else None
             except ConnectionClosedError:
                 raise
             except (ConnectionLoss, SessionExpiredError):
@@ -300,15 +292,15 @@ class ContenderQueue:
         Raises LockTimeout when ``wait`` passes first (ZooKeeperUnavailable if the client is
         not connected then), SessionGone when our node or its session is gone.
         """
-        kind = self.lock_kind
-        queue = queue_of(created.children)
+        kind, name = self.lock_kind, created.ours.name
+        queue = created.queue
         while True:
             try:
-                decision = decide(queue, created.name, kind.kind, kind.limit)
+                decision = decide(queue, name, kind.kind, kind.limit)
             except LookupError:
                 raise SessionGone() from None
             if decision.holds:
-                if not self._same_session(created.session_id, created.epoch, io):
+                if not self._same_session(created.ours.session, created.epoch, io):
                     raise SessionGone()
                 return True
             if not blocking:
@@ -317,27 +309,27 @@ class ContenderQueue:
             rest = [contender for contender in queue if contender.name != decision.watch]
             # The watched node the last one in our way: also watch ours, so that the deletion
             # alone can tell that we hold (see _wait_for_deletion), without a new listing.
-            last = decide(rest, created.name, kind.kind, kind.limit).holds
-            own = f"{self.path}/{created.name}" if last else None
+            last = decide(rest, name, kind.kind, kind.limit).holds
+            own = f"{self.path}/{name}" if last else None
             if self._wait_for_deletion(f"{self.path}/{decision.watch}", wait, io, own):
                 queue = rest
             else:
-                queue = queue_of(self.listing(io))
+                queue = self.listing(io)
 
-    def listing(self, io: Deadline) -> list[str]:
-        """The children of the lock path (waiting out connection losses until ``io``)."""
+    def listing(self, io: Deadline) -> list[Contender]:
+        """The queue as listed (waiting out connection losses until ``io``), without a ``sync``:
+        after a watch of this session fired, or a state change, the server we talk to shows at
+        least what it told (ZooKeeper's order of a session's requests and events)."""
         what = f"listing the contenders of {self.path}"
         while True:
             try:
-                children: list[str] = wait_result(
-                    self.client.get_children_async(self.path), io, what
-                )
-                return children
+                [(_, queue)] = read_queues(self.client, [self.path], io, _none, sync=False)
+                return queue
             except ConnectionLoss:
                 self.context.await_connected(io, what)
             except ConnectionClosedError:
                 raise
-            except (NoNodeError, SessionExpiredError):
+            except SessionExpiredError:
                 raise SessionGone() from None
 
     def _wait_for_deletion(
@@ -498,31 +490,15 @@ class ContenderQueue:
             raise
 
     # -- reporting -------------------------------------------------------------------------
-    def blocker_data(self, timeout: float) -> bytes | None:
-        """Data of the contender a new acquire of this kind would wait for first, if any."""
-
-        def blocker(queue: list[Contender]) -> list[Contender]:
-            found = first_blocker(queue, self.lock_kind)
-            return [] if found is None else [found]
-
-        [(_, nodes)] = read_queues(self.client, [self.path], Deadline(timeout), blocker)
-        return bytes(nodes[0][1]) if nodes else None
-
     def participant_nodes(self, timeout: float = PARTICIPANTS_TIMEOUT) -> list[str]:
         """Names of the current contenders on this lock path, in grant order. Raises
         ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds."""
-        listing = self.client.get_children_async(self.path)
-        try:
-            children = wait_result(listing, Deadline(timeout), f"listing {self.path}")
-        except NoNodeError:
-            return []
-        return [c.name for c in queue_of(children)]
+        [(_, queue)] = read_queues(self.client, [self.path], Deadline(timeout), _none, sync=False)
+        return [c.name for c in queue]
 
 
 #: Requests sent back to back before their answers are awaited, when reading many nodes.
 PIPELINE: Final = 500
-QueueNode = tuple[Contender, bytes, ZnodeStat]
-"""A contender as read: its record (identity not parsed), its data and its stat."""
 _SEND: Final = {"sync": "sync_async", "children": "get_children_async", "get": "get_async"}
 
 
@@ -549,36 +525,45 @@ def read_queues(
     pick: Callable[[list[Contender]], Iterable[Contender]] | None = None,
     *,
     parent_data: bool = False,
-) -> list[tuple[bytes | None, list[QueueNode]]]:
-    """The contender queues of the locks at ``paths``, as the leader had them when we asked:
-    for each path, its own data (with ``parent_data``, else None; None too when the lock node
-    does not exist) and its contenders in queue order, each with its data and stat.
+    sync: bool = True,
+) -> list[tuple[bytes | None, list[Contender]]]:
+    """The contender queues of the locks at ``paths``: for each path, its own data (with
+    ``parent_data``, else None; None too when the lock node does not exist) and its contenders
+    in queue order. Those that ``pick`` chooses from each queue (default: every one) are read
+    (:func:`~celery_zklock.locks.contenders.read_contender`), and left out if they went
+    meanwhile; the others are as listed.
 
-    The one reader of queues for reports (the blocker a busy run names, duplicate delivery,
-    ``lock_holder`` and the ``celery zklock`` commands): a ``sync`` and the listings are sent
-    back to back, then ``pick`` (default: every contender) chooses from each queue the nodes
-    whose data is read, all pipelined, so the whole read costs two round trips. A node that
-    goes meanwhile is left out. Raises ZooKeeperUnavailable past ``io``.
+    The one reader of lock queues (an acquire's listings while it waits, our node after a lost
+    create, the blocker a busy run names, duplicate delivery, preempt, ``lock_holder`` and
+    the ``celery zklock`` commands): a ``sync`` (unless not ``sync``: then the server we talk to
+    may lag behind the leader) and the listings are sent back to back, then the reads, all
+    pipelined, so the whole read costs two round trips. Raises ZooKeeperUnavailable past
+    ``io``, and what a request failed with but NoNode.
     """
     per_path = ("children", "get") if parent_data else ("children",)
-    synced = [("sync", paths[0])] if paths else []
+    synced = [("sync", paths[0])] if paths and sync else []
     requests = synced + [(op, path) for path in paths for op in per_path]
     answers = pipelined(client, requests, io)[len(synced) :]
-    listings = answers[0 :: len(per_path)]
+    queues = [queue_of(children or ()) for children in answers[0 :: len(per_path)]]
     owns = answers[1::2] if parent_data else [None] * len(paths)
-    wanted = []
-    for path, children in zip(paths, listings, strict=True):
-        queue = queue_of(children or ())
-        wanted += [(path, contender) for contender in (queue if pick is None else pick(queue))]
-    read = pipelined(client, [("get", f"{path}/{c.name}") for path, c in wanted], io)
-    nodes: dict[str, list[QueueNode]] = {path: [] for path in paths}
-    for (path, contender), answer in zip(wanted, read, strict=True):
-        if answer is not None:
-            nodes[path].append((contender, answer[0], answer[1]))
-    return [
-        (own[0] if own is not None else None, nodes[path])
-        for path, own in zip(paths, owns, strict=True)
-    ]
+    wanted = [(i, c) for i, queue in enumerate(queues) for c in (pick or list)(queue)]
+    read = pipelined(client, [("get", f"{paths[i]}/{c.name}") for i, c in wanted], io)
+    found = {(i, c.name): answer for (i, c), answer in zip(wanted, read, strict=True)}
+    result = []
+    for i, (own, queue) in enumerate(zip(owns, queues, strict=True)):
+        nodes = []
+        for contender in queue:
+            answer = found.get((i, contender.name), ())
+            if answer is None:
+                continue  # gone between the listing and its read
+            nodes.append(read_contender(contender, *answer) if answer else contender)
+        result.append((own[0] if own is not None else None, nodes))
+    return result
+
+
+def _none(queue: list[Contender]) -> list[Contender]:
+    """A ``pick`` for :func:`read_queues` that reads no node."""
+    return []
 
 
 def remove_attempt(client: Any, parent: str, prefix: str, io: Deadline) -> list[str]:

@@ -42,15 +42,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from celery import states
 from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 
-from celery_zklock.locks.contenders import Contender, Kind
-from celery_zklock.locks.identity import parse_identity
+from celery_zklock.locks.contenders import Contender
 from celery_zklock.locks.queue import read_queues
 from celery_zklock.task.interrupt import STOPPING
 from celery_zklock.zk.calls import Deadline, wait_result, wait_slice
@@ -83,11 +81,11 @@ def dead_holder_bound(side: Any) -> float:
 def read_queue(
     client: KazooClient, path: str, timeout: float, *, before: str | None = None
 ) -> list[Contender]:
-    """The contender nodes of the lock at ``path``, in queue order, with their identities.
+    """The contender nodes of the lock at ``path``, in queue order, read with their identities
+    (:func:`celery_zklock.locks.queue.read_queues`; a node that goes meanwhile is left out).
 
-    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Read with
-    :func:`celery_zklock.locks.queue.read_queues`; a node that goes meanwhile is left out.
-    Raises ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds.
+    With ``before`` (the name of a node of the queue), only the nodes ahead of it. Raises
+    ZooKeeperUnavailable when ZooKeeper does not answer within ``timeout`` seconds.
     """
 
     def ahead(queue: list[Contender]) -> list[Contender]:
@@ -95,8 +93,8 @@ def read_queue(
         return [c for c in queue if ours is not None and c.seq < ours]
 
     pick = None if before is None else ahead
-    [(_, nodes)] = read_queues(client, [path], Deadline(timeout), pick)
-    return [replace(contender, identity=parse_identity(data)) for contender, data, _ in nodes]
+    [(_, queue)] = read_queues(client, [path], Deadline(timeout), pick)
+    return queue if pick is None else pick(queue)
 
 
 def first_of_task(queue: Sequence[Contender], task_id: str | None) -> Contender | None:
@@ -104,11 +102,6 @@ def first_of_task(queue: Sequence[Contender], task_id: str | None) -> Contender 
     if task_id is None:
         return None
     return next((c for c in queue if c.task_id == task_id), None)
-
-
-def blocker(queue: Sequence[Contender], kind: Kind) -> Contender | None:
-    """The node a new contender of ``kind`` would wait for first: the holder, for reports."""
-    return next((c for c in queue if kind == "write" or c.kind == "write"), None)
 
 
 def wait_gone(client: KazooClient, node: str, timeout: float) -> bool:

@@ -33,7 +33,7 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.locks import Lease, MultiLock, Mutex
-from celery_zklock.locks.contenders import Contender, lock_kind
+from celery_zklock.locks.contenders import READ, WRITE, Contender, first_blocker, holding, lock_kind
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.lease import HeldLease
@@ -92,6 +92,13 @@ def loss_code(lease: HeldLease) -> LossCode | None:
     if code is LossCode.BROKEN and PREEMPTED in (lease.lost_reason or ""):
         return LossCode.PREEMPTED
     return code
+
+
+def holder_in_the_way(queue: list[Contender], side: Mutex | MultiLock) -> Contender | None:
+    """The contender a busy run names as the holder, None when the lock looks free: the first
+    in the way of a new acquire (:func:`~celery_zklock.locks.contenders.first_blocker`), a
+    semaphore's run looking as a reader does (at the first writer: its queue's head)."""
+    return first_blocker(queue, WRITE if side.kind == "write" else READ)
 
 
 class LockedRun:
@@ -284,7 +291,7 @@ class LockedRun:
                     settled = delivery.await_original(task, client, side, path, own, self._log)
                     continue
                 looks += 1
-                if delivery.blocker(queue, side.kind) is None and looks < MAX_LOOKS:
+                if holder_in_the_way(queue, side) is None and looks < MAX_LOOKS:
                     continue  # the holder went between our try and our look: try again
                 skipped = self._when_busy(client, side, queue, identity, own is not None)
                 if self.lease is None:
@@ -334,7 +341,7 @@ class LockedRun:
             self._log("own-retry-waits", self.path, holder=self.task_id)
         elif policy == "preempt" and (newer := self._newer_call(queue)) is not None:
             return self._superseded(newer)
-        holder = delivery.blocker(queue, side.kind)
+        holder = holder_in_the_way(queue, side)
         holder_id = holder.task_id if holder is not None else None
         emit(self.task, "busy", self.path, task_id=self.task_id, policy=policy, holder=holder_id)
         outcome = self._apply(
@@ -389,8 +396,7 @@ class LockedRun:
         for contender in queue:
             found = contender.identity
             if (
-                found is not None
-                and found.task == self.task.name
+                found.task == self.task.name
                 and found.task_id != self.task_id
                 and is_newer(found.generation, self.generation)
             ):
@@ -418,15 +424,11 @@ class LockedRun:
         goes, and only then is this run granted (its wait follows). Holders of a call not older than
         ours (another task's), not task runs, or paused, are waited for, up to ``lock_timeout``:
         a call never preempts a newer one, so two calls never preempt each other in turn."""
-        limit = self.options.limit
-        first_writer = next((i for i, c in enumerate(queue) if c.kind == "write"), len(queue))
-        holding = queue[:limit] if limit else queue[: max(first_writer, 1)]
         by = f"task {self.task.name}[{self.task_id}]"
-        for holder in holding:
+        for holder in holding(queue, self.options.limit):
             if holder.task_id == self.task_id:
                 continue
-            theirs = None if holder.identity is None else holder.identity.generation
-            if not is_newer(self.generation, theirs):
+            if not is_newer(self.generation, holder.identity.generation):
                 self._log("preempt", self.path, holder=holder.task_id, outcome="not-older")
                 continue
             outcome = request_break(client, f"{self.path}/{holder.name}", by, PREEMPTED)

@@ -116,13 +116,14 @@ def test_the_orphan_purge_syncs_right_before_its_listing(spy: SpyClient, lock_ro
 def test_the_queue_reader_syncs_first_and_reads_the_picked_nodes_still_there(
     spy: SpyClient, lock_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One sync ahead of the listings; only the nodes ``pick`` chose are read, a node that went
-    between the listing and its read is left out, and a lock that does not exist reads empty."""
+    """One sync ahead of the listings; only the nodes ``pick`` chose are read (the others come
+    as listed), a node that went between the listing and its read is left out, and a lock that
+    does not exist reads empty."""
     path, missing = f"{lock_root}/k", f"{lock_root}/none"
     spy.ensure_path(path)
     spy.set(path, b"max_leases=3")
     nodes = [
-        spy.create(f"{path}/{PREFIX}lock-", f"n{i}".encode(), ephemeral=True, sequence=True)
+        spy.create(f"{path}/{PREFIX}lock-", b'{"task_id":"t%d"}' % i, ephemeral=True, sequence=True)
         for i in range(4)
     ]
     spy.create(f"{path}/not-a-contender", b"x")
@@ -144,11 +145,14 @@ def test_the_queue_reader_syncs_first_and_reads_the_picked_nodes_still_there(
     assert read[1] == (None, [])
     own, found = read[0]
     assert own == b"max_leases=3"
-    assert [(f"{path}/{c.name}", data) for c, data, _ in found] == [
-        (nodes[2], b"n2"),
-        (nodes[3], b"n3"),
+    assert [(f"{path}/{c.name}", c.task_id) for c in found] == [
+        (nodes[0], None),  # not picked: as listed
+        (nodes[2], "t2"),
+        (nodes[3], "t3"),
     ]
-    tokens = [stat.czxid for _, _, stat in found]
-    assert tokens == [spy.get(node)[1].czxid for node in nodes[2:]]
+    stats = [spy.get(node)[1] for node in nodes[2:]]
+    assert [(c.token, c.session) for c in found] == [(0, 0)] + [
+        (stat.czxid, stat.ephemeralOwner) for stat in stats
+    ]
     assert spy.calls[:2] == [("sync", path), ("list", path)]
     assert ("get", nodes[0]) not in spy.calls and ("get", nodes[1]) in spy.calls

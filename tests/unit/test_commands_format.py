@@ -9,7 +9,8 @@ import pytest
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import ACL, Id
 
-from celery_zklock.locks.holders import LockState, lock_state
+from celery_zklock.locks.contenders import Contender, parse_child, read_contender
+from celery_zklock.locks.holders import LockState, breakable, lock_state
 from celery_zklock.ops.commands import checks
 from celery_zklock.ops.commands.render import (
     duration,
@@ -32,9 +33,11 @@ def stat(czxid: int, created: float, owner: int = 0x1000) -> ZnodeStat:
     )
 
 
-def node(name: str, token: int, data: object = None, created: float = NOW - 10) -> tuple:
+def node(name: str, token: int, data: object = None, created: float = NOW - 10) -> Contender:
     raw = b"" if data is None else data if isinstance(data, bytes) else json.dumps(data).encode()
-    return (name, raw, stat(token, created))
+    contender = parse_child(name)
+    assert contender is not None
+    return read_contender(contender, raw, stat(token, created))
 
 
 def uuid(n: int) -> str:
@@ -51,7 +54,6 @@ def test_exclusive_queue_holder_is_the_lowest_sequence_not_the_lowest_name() -> 
             node(f"{uuid(1)}__WRIT__0000000012", 212, {"task_id": "late"}),
             node(f"{uuid(9)}__WRIT__0000000003", 203, {"task_id": "first"}, created=NOW - 30),
             node(f"{uuid(5)}lock-0000000007", 207, {"task_id": "second"}),
-            ("not-a-contender", b"", stat(1, NOW)),
         ],
     )
     assert [e.identity.task_id for e in state.holders] == ["first"]
@@ -104,7 +106,7 @@ def test_a_semaphore_is_told_by_the_limit_in_the_lock_node_first_n_hold() -> Non
 )
 def test_which_holders_can_hear_a_break_request(name: str, data: object, expected: bool) -> None:
     (entry,) = lock_state("/r/x/k", [node(name, 1, data)]).entries
-    assert entry.breakable is expected
+    assert breakable(entry.name, entry.identity) is expected
     document = locks_document("/r", [lock_state("/r/x/k", [node(name, 1, data)])], NOW)
     assert document["locks"][0]["holders"][0]["celery_zklock"] is expected
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
+from kazoo.protocol.states import ZnodeStat
 
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import (
@@ -17,6 +17,7 @@ from celery_zklock.locks.contenders import (
     LockKind,
     decide,
     first_blocker,
+    holding,
     limit_agreement,
     limit_data,
     lock_kind,
@@ -24,8 +25,8 @@ from celery_zklock.locks.contenders import (
     parse_limit,
     protected_prefix,
     queue_of,
+    read_contender,
 )
-from celery_zklock.locks.identity import parse_identity
 
 UUID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
@@ -278,6 +279,20 @@ def test_first_blocker_is_the_node_a_new_acquire_would_watch(size: int) -> None:
                 )
 
 
+@pytest.mark.parametrize("size", range(0, 8))
+def test_holding_is_each_contenders_own_decision(size: int) -> None:
+    """Who holds, as operators and ``preempt`` see it, is what each contender decides for
+    itself: asking for its own kind, or for a lease of a semaphore's limit."""
+    for kinds in itertools.product(("read", "write"), repeat=size):
+        names = _mixed_names(kinds)
+        queue = queue_of(names)
+        for limit in (None, *range(1, size + 2)):
+            expected = [
+                c for c in queue if decide(queue, c.name, "lease" if limit else c.kind, limit).holds
+            ]
+            assert holding(queue, limit) == expected, (kinds, limit)
+
+
 def test_limit_data_round_trip_and_junk() -> None:
     for limit in (1, 2, 3, 10, 2**31 - 1):
         assert limit_data(limit) == f"max_leases={limit}".encode()
@@ -304,14 +319,20 @@ def test_limit_agreement_claims_empty_agrees_on_equal_names_both_on_mismatch() -
 
 
 def test_a_contender_read_with_its_identity_keeps_its_place_and_equality() -> None:
-    """The identity read from a node rides on the one contender record without changing the
-    queue: equality, order and the decision see only sequence, name and kind."""
+    """What is read from a node rides on the one contender record without changing the queue:
+    equality, order and the decision see only sequence, name and kind."""
     names = [f"_c_{UUID}-lock-{seq:010d}" for seq in (3, 1, 2)]
     bare = queue_of(names)
     read = [
-        replace(c, identity=parse_identity(b'{"task_id":"t-%d","retries":%d}' % (c.seq, c.seq)))
+        read_contender(
+            c,
+            b'{"task_id":"t-%d","retries":%d}' % (c.seq, c.seq),
+            ZnodeStat(100 + c.seq, 0, 5000, 0, 0, 0, 0, 0x7, 0, 0, 0),
+        )
         for c in bare
     ]
+    assert [(c.token, c.created, c.session) for c in read] == [(101, 5.0, 7), (102, 5.0, 7),
+                                                              (103, 5.0, 7)]  # fmt: skip
     assert read == bare and sorted(reversed(read)) == read
     assert [(c.task_id, c.retries) for c in read] == [("t-1", 1), ("t-2", 2), ("t-3", 3)]
     assert [(c.task_id, c.retries) for c in bare] == [(None, 0)] * 3

@@ -121,6 +121,7 @@ def test_the_events_token_of_several_keys_is_hashable_and_in_path_order() -> Non
 def test_one_lease_and_several_answer_as_one_protocol() -> None:
     """A task's ``self.lock`` is a HeldLease: ``tokens`` by path and ``held`` on both kinds."""
     from celery_zklock.locks import MultiLease
+    from celery_zklock.locks.contenders import Contender
     from celery_zklock.locks.lease import Hold, Lease
     from celery_zklock.task.run import fence_of
 
@@ -131,7 +132,8 @@ def test_one_lease_and_several_answer_as_one_protocol() -> None:
             return float("inf")
 
     def lease(path: str, token: int) -> Lease:
-        return Lease(Hold(Clock(), path, f"{path}/n", "write", token, 1, 0, 0), lambda h: None)
+        ours = Contender(1, "n", "write", token=token, session=1)
+        return Lease(Hold(Clock(), path, ours, 0, 0), lambda h: None)
 
     one, both = lease("/r/a", 9), MultiLease([lease("/r/a", 9), lease("/r/b", 4)])
     assert (one.tokens, fence_of(one)) == ({"/r/a": 9}, 9)

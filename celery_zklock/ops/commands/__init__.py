@@ -34,8 +34,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
 from celery_zklock.errors import ConfigurationError, ZkLockError
-from celery_zklock.locks.contenders import parse_child, queue_of
-from celery_zklock.locks.holders import Entry, LockState, read_lock, request_break
+from celery_zklock.locks.contenders import Contender, parse_child, queue_of
+from celery_zklock.locks.holders import LockState, breakable, read_lock, request_break
 from celery_zklock.ops.commands import checks
 from celery_zklock.ops.commands.render import (
     held_document,
@@ -273,7 +273,7 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _holders_at(client: KazooClient, path: str) -> tuple[LockState, list[Entry]]:
+def _holders_at(client: KazooClient, path: str) -> tuple[LockState, list[Contender]]:
     """The lock at ``path`` and the holders to break: all of them for a lock path, the one
     node for a contender node's path (which must hold)."""
     state = read_lock(client, path)
@@ -285,17 +285,17 @@ def _holders_at(client: KazooClient, path: str) -> tuple[LockState, list[Entry]]
         entry = next((e for e in state.entries if e.name == name), None)
         if entry is None:
             _fail(f"{path}: no such contender node (released already?)")
-        if not entry.holds:
+        if entry not in state.holders:
             _fail(f"{path} is waiting, not holding: there is nothing to break")
         return state, [entry]
     _fail(f"{path}: no lock here (no contender node under it)")
 
 
-def _describe(entry: Entry, now: float) -> str:
+def _describe(entry: Contender, now: float) -> str:
     identity = entry.identity
     who = (
         f"task {identity.task_id} ({identity.task}) on {identity.worker} pid {identity.pid}"
-        if entry.breakable
+        if breakable(entry.name, entry.identity)
         else "a holder that is not a celery-zklock contender"
     )
     return f"{who}, token {entry.token}, held for {entry.age(now):.1f}s"
@@ -389,7 +389,7 @@ def break_(
 def _request_breaks(
     client: KazooClient,
     state: LockState,
-    targets: Sequence[Entry],
+    targets: Sequence[Contender],
     by: str,
     reason: str | None,
     force: bool,

@@ -77,7 +77,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Final
 
-from celery_zklock.locks.holders import Entry, LockState
+from celery_zklock.locks.contenders import Contender
+from celery_zklock.locks.holders import LockState, breakable
 from celery_zklock.task.latest import Record
 from celery_zklock.worker.gate.step import HeldMessages
 
@@ -98,7 +99,7 @@ def name_and_key(root: str, path: str) -> tuple[str | None, str | None]:
 
 
 def node_document(
-    state: LockState, entry: Entry, now: float, position: int | None
+    state: LockState, entry: Contender, now: float, position: int | None
 ) -> dict[str, Any]:
     """One NODE of the JSON document (see the module docstring)."""
     identity = entry.identity
@@ -121,7 +122,7 @@ def node_document(
         document["waiting_for"] = round(entry.age(now), 3)
         document["position"] = position
     document["broken"] = dict(identity.broken) if identity.broken is not None else None
-    document["celery_zklock"] = entry.breakable
+    document["celery_zklock"] = breakable(entry.name, entry.identity)
     return document
 
 
@@ -202,15 +203,15 @@ def duration(seconds: float) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
-def _note(entry: Entry) -> str:
+def _note(entry: Contender) -> str:
     if entry.identity.broken is not None:
         return f"break requested by {entry.identity.broken.get('by')}"
-    if not entry.breakable:
+    if not breakable(entry.name, entry.identity):
         return "not celery-zklock"
     return ""
 
 
-def _row(path: str, entry: Entry, role: str, now: float, limit: int | None) -> list[str]:
+def _row(path: str, entry: Contender, role: str, now: float, limit: int | None) -> list[str]:
     identity = entry.identity
     return [
         path,
