@@ -146,10 +146,7 @@ def before_lock(run: Any, client: KazooClient) -> Any:
     resent = _header(request, DEBOUNCE_HEADER)
     again = resent or (request.delivery_info or {}).get("redelivered")
     if again and finished_already(task, run.task_id, settle=0.0):
-        stored = task.AsyncResult(run.task_id).result
-        if is_skipped(stored) and isinstance(stored, Mapping):
-            return _skip(run, stored.get("holder"))
-        raise DuplicateDelivery(f"task {run.task_id} already finished: debounce copy ignored")
+        return _ended(run)
     if again and _contends(run, client):
         return None  # a copy of a call past its window: the lock's delivery checks decide
     options = run.options
@@ -161,6 +158,8 @@ def before_lock(run: Any, client: KazooClient) -> Any:
     if settled.superseded is not None:
         _store_skip(task, settled.superseded, skip_result(run.path, run.task_id, "debounced"))
     if settled.action == "skip":
+        if again and finished_already(task, run.task_id):
+            return _ended(run)  # its own run won and ended: its result comes after its release
         return _skip(run, settled.by)
     if settled.action == "gone":
         if _results_stored(run) and not finished_already(task, run.task_id):
@@ -190,6 +189,15 @@ def _contends(run: Any, client: KazooClient) -> bool:
     except (ZooKeeperUnavailable, KazooException) as exc:
         run._unavailable(f"ZooKeeper failed while reading lock {run.path}: {exc}", exc)
     return first_of_task(queue, run.task_id) is not None
+
+
+def _ended(run: Any) -> Any:
+    """A copy of a call whose final state is stored: the skip it stores (superseded), else
+    raise :class:`DuplicateDelivery` (the call ran)."""
+    stored = run.task.AsyncResult(run.task_id).result
+    if is_skipped(stored) and isinstance(stored, Mapping):
+        return _skip(run, stored.get("holder"))
+    raise DuplicateDelivery(f"task {run.task_id} already finished: debounce copy ignored")
 
 
 def _results_stored(run: Any) -> bool:
