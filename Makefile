@@ -30,10 +30,10 @@ test-solo: system-deps $(STAMP)
 	$(BIN)/python -m pytest -m solo $(PYTEST_ARGS)
 
 # The fleet's every-fault run over an ensemble with ETA calls, a 6 s visibility timeout and
-# the rate and completed-twice checks (issue 42's acceptance run). Not in .ci/run for now: of
-# its last 3 runs here (2026-11-28, after the ignored-copy fix) 2 gave four zeros and 1 lost two
-# retried ETA calls around a broker restart, not yet explained, and a flaky CI lands nothing;
-# run it by hand before a release.
+# the rate and completed-twice checks, debounced and replace calls in the mix (the acceptance
+# run of issues 42, 44 and 45). .ci/run runs it too (about 6 minutes): after the fixes of
+# 2026-11-28 (5ad4d44, 68c4f6d) its next 5 runs here gave four zeros, the broker's own drops
+# apart (kombu's Redis transport, counted and bounded).
 test-acceptance: system-deps $(STAMP)
 	$(BIN)/python -m pytest -m acceptance $(PYTEST_ARGS)
 
