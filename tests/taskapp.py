@@ -127,6 +127,13 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def hold_until_released(key: str, seconds: float) -> None:
+    """Return after ``seconds``, or once the test creates the file ``release-<key>``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
+        time.sleep(0.02)
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The JSON lines :func:`_append` wrote, in order (none if the file does not exist)."""
     if not path.exists():
@@ -304,9 +311,7 @@ def breakable(self: Any, key: str, role: str, seconds: float) -> dict[str, Any]:
     records = DIR / f"breaks-{key}"
     _append(records, {"event": "enter", **record, "time": time.time()})
     try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
-            time.sleep(0.02)
+        hold_until_released(key, seconds)
     except BaseException as exc:
         _append(records, {"event": "exit", **record, "error": type(exc).__name__,
                           "time": time.time()})  # fmt: skip
@@ -428,9 +433,7 @@ def gated_step(self: Any, key: str, seq: int, hold_s: float) -> int:
     request = self.request
     start = {"seq": seq, "at": "start", "task_id": request.id, "worker": request.hostname}
     _append(DIR / f"steps-{key}", {**start, "token": self.lock.token})
-    deadline = time.monotonic() + hold_s
-    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
-        time.sleep(0.02)
+    hold_until_released(key, hold_s)
     _append(DIR / f"steps-{key}", {"seq": seq, "at": "end", "task_id": self.request.id})
     return seq
 
@@ -483,9 +486,14 @@ def throttled(self: Any, key: str, seq: int) -> int:
 def debounced(self: Any, key: str, value: int) -> dict[str, Any]:
     """A debounced task (1 s of quiet, at most 3 s a window): records each body that starts
     (task id, value, when, worker) in ``debounced-<key>``."""
-    record = {"task_id": self.request.id, "value": value, "start": time.time(),
-              "worker": self.request.hostname}  # fmt: skip
-    _append(DIR / f"debounced-{key}", record)
+    return _debounced_body(self, f"debounced-{key}", value)
+
+
+def _debounced_body(task: Any, records: str, value: int) -> dict[str, Any]:
+    """A debounced task's body: appends (task id, value, when, worker) to ``records``."""
+    record = {"task_id": task.request.id, "value": value, "start": time.time(),
+              "worker": task.request.hostname}  # fmt: skip
+    _append(DIR / records, record)
     return {"value": value}
 
 
@@ -499,9 +507,7 @@ def replacing(self: Any, key: str, seq: int, hold_s: float) -> int:
     _append(DIR / f"replacing-{key}", {"task_id": self.request.id, "seq": seq})
     holder = f"{self.request.id}-t{self.lock.token}"
     with Witness(DIR / f"witness-{key}").section(holder, "write"):
-        deadline = time.monotonic() + hold_s
-        while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
-            time.sleep(0.02)
+        hold_until_released(key, hold_s)
     return seq
 
 
@@ -512,10 +518,7 @@ def replacing(self: Any, key: str, seq: int, hold_s: float) -> int:
 def debounced_half(self: Any, key: str, value: int) -> dict[str, Any]:
     """:func:`debounced` with half a second of quiet (and the default cap): records each body
     that starts in ``debounced-half-<key>``."""
-    record = {"task_id": self.request.id, "value": value, "start": time.time(),
-              "worker": self.request.hostname}  # fmt: skip
-    _append(DIR / f"debounced-half-{key}", record)
-    return {"value": value}
+    return _debounced_body(self, f"debounced-half-{key}", value)
 
 
 @app.task(
@@ -546,7 +549,5 @@ def debounced_hold(self: Any, key: str, value: int) -> dict[str, Any]:
     """A debounced task (3 s of quiet) whose body records itself in ``debounced-hold-<key>``
     and then holds its lock until the file ``release-<key>`` exists (at most 30 s)."""
     _append(DIR / f"debounced-hold-{key}", {"task_id": self.request.id, "value": value})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (DIR / f"release-{key}").exists():
-        time.sleep(0.02)
+    hold_until_released(key, 30.0)
     return {"value": value}
