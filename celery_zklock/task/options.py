@@ -9,6 +9,7 @@ fails when it is defined (or when it is called with a bad override), never half-
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -23,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar, get_args
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks.contenders import LOCK_MODES, LockMode
+from celery_zklock.locks.contenders import LOCK_MODES, LockKind, LockMode, lock_kind
 from celery_zklock.locks.rate import Rate, parse_rate
 from celery_zklock.task.keys import KeyBuilder, LockKeySpec, SeveralKeys, check_lock_key_spec
 from celery_zklock.task.policy import expect_preempted
@@ -55,6 +56,7 @@ __all__ = [
     "DedupeUnavailable",
     "LockMode",
     "LockOptions",
+    "LockedCall",
     "Naming",
     "OnBusy",
     "OnLost",
@@ -95,6 +97,9 @@ DEFAULT_RETRY_COUNTDOWN: Final[float] = 5.0
 DEFAULT_DEDUPE_TTL: Final[float] = 3600.0
 DEFAULT_DEDUPE_UNAVAILABLE: Final[DedupeUnavailable] = "raise"
 DEFAULT_DEBOUNCE_MAX: Final[float] = 30.0
+
+MAX_REMEMBERED_OVERRIDES: Final = 64
+"""Distinct per-call overrides a task remembers validated (then it starts again)."""
 
 MAX_LOCK_NAME_LENGTH: Final = 255
 """Longest accepted lock name (one znode path segment)."""
@@ -293,9 +298,7 @@ class LockOptions:
         for field, rule in OPTIONS.items():
             value = rule.check(naming, naming.label(field), getattr(self, field))
             object.__setattr__(self, field, value)
-        _check_limit_with_mode(naming, self.mode, self.limit)
-        _check_several_keys(naming, self)
-        _check_debounce_and_replace(naming, self)
+        _check_combinations(naming, self)
 
 
 def options_from_task(task_name: str, attrs: Mapping[str, object]) -> LockOptions:
@@ -365,8 +368,12 @@ def with_call_overrides(
                 f"{context}: zklock override key {_short_repr.repr(key)} is not allowed{fixed}"
                 f"{_did_you_mean(key, CALL_OVERRIDES)}; allowed keys: {_allowed_keys()}"
             )
-    with _named(Naming(task_name, context, lambda field: f"zklock[{field!r}]")):
-        return dataclasses.replace(options, **overrides)  # type: ignore[arg-type]
+    naming = Naming(task_name, context, lambda field: f"zklock[{field!r}]")
+    call = copy.copy(options)  # only the keys given are checked: the rest are valid already
+    for key, value in overrides.items():
+        object.__setattr__(call, key, OPTIONS[key].check(naming, naming.label(key), value))
+    _check_combinations(naming, call)
+    return call
 
 
 def check_lock_name(context: str, label: str, value: object, advice: str = "") -> str:
@@ -453,6 +460,13 @@ def _optional_positive(context: str, label: str, value: object) -> float | None:
 
 def _limit(context: str, label: str, value: object) -> int | None:
     return None if value is None else positive_int(f"{context}: {label}", value)
+
+
+def _check_combinations(naming: Naming, options: LockOptions) -> None:
+    """The rules between options, after each option's own."""
+    _check_limit_with_mode(naming, options.mode, options.limit)
+    _check_several_keys(naming, options)
+    _check_debounce_and_replace(naming, options)
 
 
 def _check_several_keys(naming: Naming, options: LockOptions) -> None:
@@ -567,6 +581,9 @@ class TaskLockSpec:
     task_name: str
     options: LockOptions
     keys: KeyBuilder
+    _calls: dict[Any, LockOptions] = dataclasses.field(default_factory=dict, compare=False)
+    """Each call's overrides validated once per process: their items (with each value's
+    type, as ``1``, ``1.0`` and ``True`` are equal) -> the call's options."""
 
     @classmethod
     def compile(cls, task_class: type, name: str | None) -> TaskLockSpec:
@@ -604,10 +621,40 @@ class TaskLockSpec:
         return spec
 
     def for_call(self, overrides: Mapping[str, object] | None) -> LockOptions:
-        """The options of one call: the task's, with the call's ``zklock={...}`` applied."""
-        if overrides is None:
-            return self.options
+        """The options of one call: the task's, with the call's ``zklock={...}`` applied
+        (validated at their first use in this process, then remembered)."""
+        if not overrides:
+            return self.options if overrides is None else self._overridden(overrides)
+        try:
+            seen = frozenset((key, type(value), value) for key, value in overrides.items())
+            options = self._calls.get(seen)
+        except (TypeError, AttributeError):  # not hashable, or not a mapping: validate to say why
+            return self._overridden(overrides)
+        if options is None:
+            options = self._overridden(overrides)
+            if len(self._calls) >= MAX_REMEMBERED_OVERRIDES:
+                self._calls.clear()
+            self._calls[seen] = options
+        return options
+
+    def _overridden(self, overrides: Mapping[str, object]) -> LockOptions:
         return with_call_overrides(self.options, self.task_name, overrides)
+
+    def resolve(
+        self,
+        root: str,
+        args: Any,
+        kwargs: Any,
+        overrides: Mapping[str, object] | None,
+        paths: tuple[str, ...] | None = None,
+    ) -> LockedCall:
+        """One call resolved: its options, its lock paths (``paths`` when the caller has them
+        already, as the gate tells a run) and its lock kind. Raises what :meth:`for_call` and
+        :meth:`paths` raise."""
+        options = self.for_call(overrides)
+        if paths is None:
+            paths = self.paths(root, args, kwargs)
+        return LockedCall(options, paths, lock_kind(options.mode, options.limit))
 
     def path(self, root: str, args: Any, kwargs: Any) -> str:
         """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``
@@ -625,6 +672,23 @@ class TaskLockSpec:
         :meth:`KeyBuilder.of_key_arguments <celery_zklock.task.keys.KeyBuilder.of_key_arguments>`):
         the same path for the same key."""
         return f"{root}/{self.options.name}/{self.keys.of_key_arguments(args, kwargs)}"
+
+
+@dataclass(frozen=True)
+class LockedCall:
+    """One call of a locked task, resolved once per process (:meth:`TaskLockSpec.resolve`):
+    its options (the task's with the call's overrides), its lock paths (sorted; several for
+    a ``lock_key`` of several keys) and the lock kind of its mode. The gate, the run, dedupe
+    and the lookups start from it."""
+
+    options: LockOptions
+    paths: tuple[str, ...]
+    kind: LockKind
+
+    @property
+    def path(self) -> str:
+        """The one path, or for messages every path joined by ``" + "``."""
+        return self.paths[0] if len(self.paths) == 1 else " + ".join(self.paths)
 
 
 class RedeliveryWarning(UserWarning):
@@ -680,6 +744,22 @@ its ``retries`` are the run's own (an older gate's bare number is taken as it is
 RECEIPT_FIELD: Final = "zklock_receipt"
 """The request field in which the worker's main process notes when it received the message
 (``time.time()``, before any ETA wait): the gate's broker bound counts from there."""
+
+
+PATHS_FIELD: Final = "zklock_paths"
+"""The request field in which the worker's gate tells the run the lock paths it resolved for
+the call, as ``[[path, ...], retries]``, so the run does not build the key again; taken only
+for the attempt the gate resolved (as :data:`RECEIVED_OPTION`)."""
+
+
+def resolved_paths(request: Any) -> tuple[str, ...] | None:
+    """The lock paths the gate resolved for this very attempt of ``request``, if it did."""
+    value = getattr(request, PATHS_FIELD, None)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] == (request.retries or 0):
+        paths = value[0]
+        if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) for p in paths):
+            return tuple(paths)
+    return None
 
 
 def received_at(request: Any) -> float | None:

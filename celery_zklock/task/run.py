@@ -33,7 +33,7 @@ from celery_zklock.errors import (
     ZooKeeperUnavailable,
 )
 from celery_zklock.locks import Lease, MultiLock, Mutex
-from celery_zklock.locks.contenders import READ, WRITE, Contender, first_blocker, holding, lock_kind
+from celery_zklock.locks.contenders import READ, WRITE, Contender, first_blocker, holding
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.lease import HeldLease
@@ -51,6 +51,7 @@ from celery_zklock.task.options import (
     TaskLockSpec,
     received_at,
     request_overrides,
+    resolved_paths,
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
@@ -108,10 +109,13 @@ class LockedRun:
         request = task.request
         self.task = task
         self.request = request  # read once: each task.request is a lookup in a local stack
-        self.options: LockOptions = spec.for_call(request_overrides(request))
         self.settings = settings_of(task.app)
-        self.paths = spec.paths(self.settings.root, args, kwargs)
-        self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
+        self.call = spec.resolve(
+            self.settings.root, args, kwargs, request_overrides(request), resolved_paths(request)
+        )
+        self.options: LockOptions = self.call.options
+        self.paths = self.call.paths
+        self.path = self.call.path  # for messages: the one path, or all of them
         self.task_id = request.id
         self.generation = generation_of_run(request)  # see celery_zklock.task.generation
         self.in_worker = not (request.called_directly or request.is_eager)
@@ -165,7 +169,7 @@ class LockedRun:
     def _side(self, client: KazooClient) -> Mutex | MultiLock:
         """The lock side this run contends on: the lock kind of its mode
         (:func:`~celery_zklock.locks.contenders.lock_kind`) on its path, or on each of its paths."""
-        kind = lock_kind(self.options.mode, self.options.limit)
+        kind = self.call.kind
         if len(self.paths) > 1:
             return MultiLock(client, self.paths, kind=kind)
         return Mutex(client, self.path, kind=kind)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 from typing import get_args
 
 import pytest
 
 from celery_zklock.errors import ConfigurationError
+from celery_zklock.task import options as options_module
 from celery_zklock.task.options import (
     CALL_OVERRIDES,
     LOCK_MODES,
@@ -21,8 +23,10 @@ from celery_zklock.task.options import (
     OnBusy,
     OnLost,
     OnTimeout,
+    TaskLockSpec,
     check_lock_name,
     options_from_task,
+    resolved_paths,
     with_call_overrides,
 )
 
@@ -370,3 +374,56 @@ def test_acks_late_without_reject_on_worker_lost_warns_once_at_definition(
     with pytest.warns(RedeliveryWarning) as caught:
         install(sender=type("Worker", (), {"app": app2, "task_events": False})())
     assert [str(w.message).split(":")[0] for w in caught] == [f"task {by_settings.name!r}"]
+
+
+def _spec(**attrs: object) -> TaskLockSpec:
+    class Task:
+        def run(self, account_id: int, full: bool = False) -> None: ...
+
+    for name, value in {"lock_key": ["account_id"], **attrs}.items():
+        setattr(Task, name, value)
+    return TaskLockSpec.compile(Task, TASK)
+
+
+def test_a_calls_overrides_are_validated_once_per_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 43: the gate, the run and the send of one call validate its overrides once (the
+    same overrides give the same options), and only the keys given; equal values of another
+    type (``True`` for ``1``) are validated on their own."""
+    spec = _spec()
+    checked: list[str] = []
+    real = options_module._choice
+
+    def counted(context: str, label: str, value: object, allowed: tuple[str, ...]) -> object:
+        checked.append(label)
+        return real(context, label, value, allowed)
+
+    monkeypatch.setattr(options_module, "_choice", counted)
+    first = spec.for_call({"on_busy": "skip", "timeout": 1})
+    assert checked == ["zklock['on_busy']"]  # not the other four choices of the task
+    assert spec.for_call(json.loads('{"timeout": 1, "on_busy": "skip"}')) is first
+    assert checked == ["zklock['on_busy']"]
+    assert first.on_busy == "skip" and first.timeout == 1.0 and first.mode == "exclusive"
+    with pytest.raises(ConfigurationError, match="timeout"):
+        spec.for_call({"on_busy": "skip", "timeout": True})
+    with pytest.raises(ConfigurationError, match="on_bussy"):
+        spec.for_call({"on_bussy": "skip"})
+    with pytest.raises(ConfigurationError, match="preempt"):  # the rules between options too
+        _spec(lock_key={"account_id": ["account_id"]}, lock_debounce=1.0).for_call(
+            {"on_busy": "skip"}
+        )
+
+
+def test_a_call_resolved_by_the_gate_reaches_its_run_for_that_attempt_only() -> None:
+    """The gate's paths (``zklock_paths``) are the run's for the attempt the gate resolved;
+    a retry (another ``retries``) or a malformed field makes the run resolve again."""
+    spec = _spec()
+    call = spec.resolve("/root", (7,), {}, None)
+    assert call.paths == ("/root/proj.tasks.sync/account_id=7~" + call.paths[0].split("~")[1],)
+    assert call.path == call.paths[0] and call.kind.kind == "write"
+    carried = types.SimpleNamespace(retries=0, zklock_paths=[list(call.paths), 0])
+    assert resolved_paths(carried) == call.paths
+    assert spec.resolve("/root", (8,), {}, None, resolved_paths(carried)).paths == call.paths
+    for value in ([list(call.paths), 1], [call.paths[0], 0], [[], 0], [[1], 0], None):
+        assert resolved_paths(types.SimpleNamespace(retries=0, zklock_paths=value)) is None

@@ -54,11 +54,17 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError
-from celery_zklock.locks.contenders import LockKind, first_blocker, lock_kind, queue_of
+from celery_zklock.locks.contenders import first_blocker, queue_of
 from celery_zklock.locks.identity import parse_identity
 from celery_zklock.task import outage, sendback, visibility
 from celery_zklock.task.metrics import count_held
-from celery_zklock.task.options import CALL_OPTION, RECEIPT_FIELD, RECEIVED_OPTION
+from celery_zklock.task.options import (
+    CALL_OPTION,
+    PATHS_FIELD,
+    RECEIPT_FIELD,
+    RECEIVED_OPTION,
+    LockedCall,
+)
 from celery_zklock.task.task import ZkLockTask
 from celery_zklock.worker.gate.giveback import give_back, send_later
 from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
@@ -93,6 +99,8 @@ class Gate:
         self.config = config
         self.lines: dict[str, KeyLine] = {}
         self.client: KazooClient | None = None
+        self.root = ""
+        """The app's ``zklock_root``, read with the client (the gate works only with both)."""
         self._handle: Callable[[Any], Any] | None = None
         self._entries: list[Any] = []
         self._away_since: float | None = None
@@ -114,10 +122,8 @@ class Gate:
         self._handle = handle
         return self.on_task_request
 
-    @property
-    def held(self) -> int:
-        """Messages held now."""
-        return sum(len(line.held) for line in self.lines.values())
+    held = 0
+    """Messages held now (kept as they come and go: it is read for every message)."""
 
     def held_by_key(self) -> dict[str, list[tuple[str, str, float]]]:
         """``{lock path: [(task id, task name, seconds held), ...]}`` (for operators): the
@@ -147,7 +153,7 @@ class Gate:
             entry.cancel()
         self._entries = []
         self._inbox.clear()
-        lines, self.lines = list(self.lines.values()), {}
+        lines, self.lines, self.held = list(self.lines.values()), {}, 0
         for line in lines:
             for held in line.held:
                 count_held(held.request.name, -1)
@@ -158,6 +164,7 @@ class Gate:
         warned = False
         while self._started.is_set():
             try:
+                self.root = settings.root
                 client = get_client(settings.client)
             except ConfigurationError as exc:
                 logger.error("celery-zklock gate: off (%s)", exc)
@@ -182,7 +189,8 @@ class Gate:
         gated = self._gated(request)
         if gated is None:
             return self._send(request)
-        path, kind, timeout, waits = gated
+        call, waits = gated
+        path, kind, timeout = call.path, call.kind, call.options.timeout
         now = time.time()
         since = self._outage_since(request)
         if since is not None and now - since >= self.config.outage_budget:
@@ -226,25 +234,30 @@ class Gate:
             self._read(line)
         return None
 
-    def _gated(self, request: Any) -> tuple[str, LockKind, float | None, bool] | None:
-        """The lock path, lock kind, ``lock_timeout`` and whether it waits when busy of a
-        request the gate holds: a ``wait`` call, and while ZooKeeper is away any locked call
-        that rides an outage out; None for any other (not locked, the gate not started,
-        arguments the key cannot take: the pool run decides, and fails with the reason)."""
+    def _gated(self, request: Any) -> tuple[LockedCall, bool] | None:
+        """The resolved call of a request the gate holds, and whether it waits when busy: a
+        ``wait`` call, and while ZooKeeper is away any locked call that rides an outage out;
+        None for any other (not locked, the gate not started, arguments the key cannot take:
+        the pool run decides, and fails with the reason)."""
         task = request.task
         if self.client is None or not isinstance(task, ZkLockTask):
             return None
+        fields = request.request_dict
         try:
             spec = task._zklock_compile(task.name)
-            overrides = request.request_dict.get(CALL_OPTION)
-            options = spec.for_call(overrides if isinstance(overrides, Mapping) else None)
+            overrides = fields.get(CALL_OPTION)
+            overrides = overrides if isinstance(overrides, Mapping) else None
+            options = spec.for_call(overrides)
             waits = options.on_busy == "wait"
             if not waits and (self._away_since is None or options.on_unavailable != "wait"):
                 return None
-            path = spec.path(settings_of(task.app).root, request.args, request.kwargs)
+            call = spec.resolve(self.root, request.args, request.kwargs, overrides)
         except Exception:
             return None
-        return path, lock_kind(options.mode, options.limit), options.timeout, waits
+        if len(call.paths) != 1:
+            return None  # several keys: taken together by the run, never held here
+        fields[PATHS_FIELD] = [list(call.paths), fields.get("retries", 0)]  # the run's paths
+        return call, waits
 
     def _hold(self, line: KeyLine, held: Held, in_place: bool = False) -> None:
         """Hold ``held`` at the end of its line, or ``in_place`` by when it first reached a
@@ -258,6 +271,7 @@ class Gate:
         else:
             line.held.append(held)
         self._next_due = min(self._next_due, held.next_at)
+        self.held += 1
         count_held(held.request.name, 1)
         if line.holder is not None:
             self._tell_held(line, held)
@@ -284,6 +298,7 @@ class Gate:
         if held.raised_prefetch:
             self.consumer.qos.decrement_eventually()
             held.raised_prefetch = False
+        self.held -= 1
         count_held(held.request.name, -1)
 
     def _outage_since(self, request: Any) -> float | None:
