@@ -517,16 +517,11 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
         click.echo(checks.report([*names, checks.Check("FAIL", "settings", str(exc))]))
         raise click.exceptions.Exit(1) from None
     config = settings.client
-    found = [
-        *names,
-        checks.Check(
-            "PASS",
-            "settings",
-            f"hosts {config.hosts}, root {settings.root}, session timeout requested "
-            f"{config.session_timeout:g}s",
-        ),
-        checks.gate_bound_check(app),
-    ]
+    read = (
+        f"hosts {config.hosts}, root {settings.root}, session timeout requested "
+        f"{config.session_timeout:g}s"
+    )
+    found = [*names, checks.Check("PASS", "settings", read), checks.gate_bound_check(app)]
     try:
         with _connected(config) as client:
             found.append(checks.Check("PASS", "connect", checks.connected_detail(client)))
