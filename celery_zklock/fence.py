@@ -128,10 +128,7 @@ class RedisFence:
             args=[key, str(token), value],
         )
         previous_text = _text(previous)
-        return FenceOutcome(
-            accepted=int(accepted) == 1,
-            previous_token=int(previous_text) if previous_text else None,
-        )
+        return FenceOutcome(int(accepted) == 1, int(previous_text) if previous_text else None)
 
     def last_token(self, key: str) -> int | None:
         """The last accepted token for ``key``, or None if nothing was accepted."""

@@ -109,12 +109,10 @@ class Term:
         self._leader = leader
         self._pending: dict[str, RunRecord] = {}
         self._unsaved = False
-        self._is_due = scheduler.is_due
-        self._reserve = scheduler.reserve
-        self._apply_async = scheduler.apply_async
-        scheduler.is_due = self.is_due
-        scheduler.reserve = self.reserve
-        scheduler.apply_async = self.apply_async
+        # The instance's own methods kept, ours put in their place:
+        self._is_due, scheduler.is_due = scheduler.is_due, self.is_due
+        self._reserve, scheduler.reserve = scheduler.reserve, self.reserve
+        self._apply_async, scheduler.apply_async = scheduler.apply_async, self.apply_async
 
     def claim(self) -> None:
         """Read the stored state, write it back under this term's token (a write of an older
@@ -333,17 +331,16 @@ class LeaderScheduler:
             )
             term = Term(lease, scheduler, self._store, self._send_lock, self.identity)
             term.claim()
-        except (NotLeader, ZooKeeperUnavailable, KazooException) as exc:
-            logger.warning("beat: could not take up the leadership, contending again: %r", exc)
+        except BaseException as exc:
+            failed = isinstance(exc, (NotLeader, ZooKeeperUnavailable, KazooException))
+            if failed:  # anything else (a bug, a stop) is raised, after the same clean-up
+                logger.warning("beat: could not take up the leadership, contending again: %r", exc)
             if scheduler is not None:
                 close_quietly(scheduler)
             elector.resign(lease)
+            if not failed:
+                raise
             return None
-        except BaseException:
-            if scheduler is not None:
-                close_quietly(scheduler)
-            elector.resign(lease)
-            raise
         self._term = term
         logger.info(
             "beat: leading with token %d; the state of %d entries kept in %s",

@@ -98,10 +98,7 @@ class Recorder:
             registry=registry,
         )
         self.lost = Counter(
-            "zklock_lost",
-            "Leases lost, by reason.",
-            ["task", "reason"],
-            registry=registry,
+            "zklock_lost", "Leases lost, by reason.", ["task", "reason"], registry=registry
         )
         self.held = Gauge(
             "zklock_leases_held",

@@ -50,7 +50,7 @@ again (the next worker elected runs the function meanwhile)."""
 RECONNECT_DELAY: Final = 2.0
 """Seconds between two tries to reach ZooKeeper before the first election."""
 WORKER_ATTRIBUTE: Final = "zklock_leaders"
-"""The worker's attribute that holds its :class:`Leaders`."""
+"""The worker's attribute that holds its :class:`LeaderStep`."""
 
 LeaderFunction = Callable[["Stop"], object]
 """A leader function: called with its :class:`Stop` (a :class:`threading.Event`)."""
@@ -103,58 +103,43 @@ def install(app: Any) -> None:
 
 def start_when_ready(sender: Any = None, **_: Any) -> None:
     """``worker_ready`` (the worker's main process; ``sender`` is its consumer): start the
-    elections of the worker's :class:`Leaders`."""
-    leaders = getattr(getattr(sender, "controller", None), WORKER_ATTRIBUTE, None)
-    if isinstance(leaders, Leaders):
-        leaders.start()
+    elections of the worker's :class:`LeaderStep`."""
+    step = getattr(getattr(sender, "controller", None), WORKER_ATTRIBUTE, None)
+    if isinstance(step, LeaderStep):
+        step.elect()
 
 
 class LeaderStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """The worker bootstep of the ``on_leader`` functions: made with the worker, started by
-    ``worker_ready``, stopped at a warm shutdown before the pool (which waits for running
-    tasks), so the next worker takes over without waiting for them."""
+    """The worker bootstep of the ``on_leader`` functions, one :class:`Candidate` each: made
+    with the worker, its elections started by ``worker_ready`` (:meth:`elect`), stopped at a
+    warm shutdown before the pool (which waits for running tasks), so the next worker takes
+    over without waiting for them."""
 
     label = "zklock leaders"
     requires = ("celery.worker.components:Pool",)
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        functions = registered(worker.app)
-        self.leaders = Leaders(worker.app, worker.hostname, functions) if functions else None
-        setattr(worker, WORKER_ATTRIBUTE, self.leaders)
+        functions = registered(worker.app).items()
+        self.candidates = [Candidate(worker.app, n, f, worker.hostname) for n, f in functions]
+        setattr(worker, WORKER_ATTRIBUTE, self)
 
     def start(self, worker: Any) -> None:
         """Nothing yet: the elections start when the worker is ready."""
 
-    def stop(self, worker: Any) -> None:
-        if self.leaders is not None:
-            self.leaders.stop()
-
-    def terminate(self, worker: Any) -> None:
-        if self.leaders is not None:
-            self.leaders.terminate()
-
-
-class Leaders:
-    """The ``on_leader`` functions of one worker, one :class:`Candidate` each."""
-
-    def __init__(self, app: Any, worker: str, functions: dict[str, LeaderFunction]) -> None:
-        self.candidates = [
-            Candidate(app, name, function, worker) for name, function in functions.items()
-        ]
-
-    def start(self) -> None:
+    def elect(self) -> None:
+        """Start every function's election (``worker_ready``)."""
         for candidate in self.candidates:
             candidate.start()
 
-    def stop(self) -> None:
+    def stop(self, worker: Any) -> None:
         """Stop every function, wait for each to return, then leave each election."""
-        for candidate in self.candidates:
-            candidate.ask_to_stop()
+        self.terminate(worker)
         for candidate in self.candidates:
             candidate.join()
 
-    def terminate(self) -> None:
+    def terminate(self, worker: Any) -> None:
+        """Stop every function without waiting (a cold shutdown)."""
         for candidate in self.candidates:
             candidate.ask_to_stop()
 

@@ -112,18 +112,13 @@ class _LiveCollector:
 
 def _gone_pids(path: str) -> list[int]:
     """Pids of the live-gauge files in ``path`` whose process no longer exists."""
-    gone: list[int] = []
     try:
         names = os.listdir(path)
     except FileNotFoundError:
-        return gone
-    for name in names:
-        if not (name.startswith("gauge_live") and name.endswith(".db")):
-            continue
-        pid_text = name[: -len(".db")].rsplit("_", 1)[-1]
-        if pid_text.isdigit() and not _alive(int(pid_text)):
-            gone.append(int(pid_text))
-    return gone
+        return []
+    live = [n[: -len(".db")] for n in names if n.startswith("gauge_live") and n.endswith(".db")]
+    pids = [int(pid) for pid in (name.rsplit("_", 1)[-1] for name in live) if pid.isdigit()]
+    return [pid for pid in pids if not _alive(pid)]
 
 
 def _alive(pid: int) -> bool:
@@ -132,7 +127,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # someone else's process
     return True
 
 
@@ -167,12 +162,10 @@ def serve(app: Any, *, multiprocess: bool) -> tuple[str, int] | None:
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry()
-        if path is not None:
+        if path is not None:  # the pool processes' files, read by the collector
             _use_multiprocess_values()
             registry.register(_LiveCollector(path))
-            recorder = Recorder(registry=None)
-        else:
-            recorder = Recorder(registry=registry)
+        recorder = Recorder(registry=registry if path is None else None)
         try:
             httpd, thread = start_http_server(port, addr, registry=registry)
         except OSError as exc:
@@ -181,10 +174,7 @@ def serve(app: Any, *, multiprocess: bool) -> tuple[str, int] | None:
                 f"worker on a host a port of its own ({PORT_SETTING} / ZKLOCK_METRICS_PORT)"
             ) from exc
     except BaseException:
-        if multiprocess:
-            _restore_env(previous)
-            if made_dir and path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        _undo_multiprocess(path, made_dir, previous)
         raise
     _serving = _Serving(httpd, thread, addr, port, path, made_dir, previous)
     _multiproc_dir = path
@@ -204,18 +194,21 @@ def stop() -> None:
     serving.httpd.shutdown()
     serving.httpd.server_close()
     serving.thread.join(5.0)
-    if serving.multiproc_dir is not None:
-        _restore_env(serving.previous_env)
-        if serving.made_dir:
-            shutil.rmtree(serving.multiproc_dir, ignore_errors=True)
+    _undo_multiprocess(serving.multiproc_dir, serving.made_dir, serving.previous_env)
 
 
-def _restore_env(previous: str | None) -> None:
+def _undo_multiprocess(path: str | None, made_dir: bool, previous: str | None) -> None:
+    """Undo what :func:`serve` did for the multiprocess directory ``path`` (None: nothing):
+    restore ``PROMETHEUS_MULTIPROC_DIR`` to ``previous`` and remove ``path`` if it made it."""
+    if path is None:
+        return
     os.environ.pop(CHILD_ENV, None)
     if previous is None:
         os.environ.pop(MULTIPROC_ENV, None)
     else:
         os.environ[MULTIPROC_ENV] = previous
+    if made_dir:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the worker's lifecycle ---------------------------------------------------------------
@@ -278,10 +271,9 @@ def _on_worker_process_init(**_: Any) -> None:
 
 def _on_worker_process_shutdown(pid: Any = None, **_: Any) -> None:
     path = _multiproc_dir
-    if path is None:
-        return
-    multiprocess = _module("prometheus_client.multiprocess")
-    multiprocess.mark_process_dead(pid if isinstance(pid, int) else os.getpid(), path)
+    if path is not None:
+        dead = pid if isinstance(pid, int) else os.getpid()
+        _module("prometheus_client.multiprocess").mark_process_dead(dead, path)
 
 
 def _on_worker_shutdown(**_: Any) -> None:

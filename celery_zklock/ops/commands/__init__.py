@@ -23,9 +23,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeVar
 
 import click
 from celery import states
@@ -67,21 +67,25 @@ OUTCOME_WAIT: Final = 3.0
 """Seconds ``break`` waits for the result backend to show how a broken run ended."""
 EXIT_NOT_RELEASED: Final = 1
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 # -- plumbing -----------------------------------------------------------------------------------
 
 
-def _app(ctx: click.Context) -> Any:
+def _app(ctx: click.Context) -> tuple[Any, Settings]:
+    """The app of ``-A`` with its tasks loaded, and its settings (a bad one ends the command)."""
     app = ctx.obj.app
     app.loader.import_default_modules()  # the tasks of `-A proj`, as `celery report` loads them
-    return app
-
-
-def _settings(app: Any) -> Settings:
     try:
-        return settings_of(app)
+        return app, settings_of(app)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _option(group: str, *names: str, **kwargs: Any) -> Callable[[F], F]:
+    """A ``click.option`` shown under ``group`` in the command's help, as Celery's own are."""
+    return click.option(*names, cls=CeleryOption, help_group=group, **kwargs)
 
 
 @contextmanager
@@ -177,16 +181,12 @@ def zklock(ctx: click.Context, /, **_: Any) -> None:
 
 
 @zklock.command(cls=CeleryCommand)
-@click.option(
-    "--task",
-    "names",
-    multiple=True,
-    cls=CeleryOption,
-    help_group="Locks Options",
+@_option(
+    "Locks Options", "--task", "names", multiple=True,
     help="Only the locks of this task (or lock name); repeatable.",
-)
-@click.option(
-    "--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Locks Options",
+)  # fmt: skip
+@_option(
+    "Locks Options", "--json", "as_json", is_flag=True,
     help="A JSON document (stable; see docs/operating.md) instead of the table.",
 )  # fmt: skip
 @click.pass_context
@@ -195,8 +195,7 @@ def locks(ctx: click.Context, /, names: Sequence[str], as_json: bool, **_: Any) 
     held for) and waiters in the order they will be granted; then the messages the workers'
     gates hold until their lock can be granted (task id, task, worker, held for, position in
     its worker's line), per lock."""
-    app = _app(ctx)
-    settings = _settings(app)
+    app, settings = _app(ctx)
     lock_names = None
     with _connected(settings.client) as client:
         if names:
@@ -219,16 +218,16 @@ def locks(ctx: click.Context, /, names: Sequence[str], as_json: bool, **_: Any) 
 
 @zklock.command(cls=CeleryCommand)
 @click.argument("task_name", metavar="TASK")
-@click.option(
-    "--args", "args_json", cls=CeleryOption, help_group="Call Options", metavar="JSON",
+@_option(
+    "Call Options", "--args", "args_json", metavar="JSON",
     help='Positional arguments of the call, a JSON array: --args \'[42, "eu"]\'.',
 )  # fmt: skip
-@click.option(
-    "--kwargs", "kwargs_json", cls=CeleryOption, help_group="Call Options", metavar="JSON",
+@_option(
+    "Call Options", "--kwargs", "kwargs_json", metavar="JSON",
     help='Keyword arguments of the call, a JSON object: --kwargs \'{"full": true}\'.',
 )  # fmt: skip
-@click.option(
-    "--json", "as_json", is_flag=True, cls=CeleryOption, help_group="Call Options",
+@_option(
+    "Call Options", "--json", "as_json", is_flag=True,
     help="The lock as the JSON document of `locks --json`.",
 )  # fmt: skip
 @click.pass_context
@@ -242,8 +241,7 @@ def holder(
     **_: Any,
 ) -> None:
     """The lock path a call of TASK with these arguments takes, and who holds it."""
-    app = _app(ctx)
-    settings = _settings(app)
+    app, settings = _app(ctx)
     task = _locked_task(app, task_name)
     args = _json_value(args_json, list, "--args")
     kwargs = _json_value(kwargs_json, dict, "--kwargs")
@@ -303,21 +301,18 @@ def _describe(entry: Contender, now: float) -> str:
 
 @zklock.command(name="break", cls=CeleryCommand)
 @click.argument("path")
-@click.option(
-    "--yes", "-y", is_flag=True, cls=CeleryOption, help_group="Break Options",
-    help="Do not ask for confirmation.",
-)  # fmt: skip
-@click.option(
-    "--timeout", type=float, default=None, cls=CeleryOption, help_group="Break Options",
+@_option("Break Options", "--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_option(
+    "Break Options", "--timeout", type=float, default=None,
     help="Seconds to wait for the holder to let go [default: 2 x session timeout + 5].",
 )  # fmt: skip
-@click.option(
-    "--force", is_flag=True, cls=CeleryOption, help_group="Break Options",
+@_option(
+    "Break Options", "--force", is_flag=True,
     help="If the holder does not let go in time, delete its node: the next waiter may then be "
     "granted while the stuck run is still inside (only fencing tokens protect you then).",
 )  # fmt: skip
-@click.option(
-    "--reason", default=None, cls=CeleryOption, help_group="Break Options",
+@_option(
+    "Break Options", "--reason", default=None,
     help="Why: written into the node, the holder's lost event and the log.",
 )  # fmt: skip
 @click.pass_context
@@ -343,8 +338,7 @@ def break_(
     inside). A paused process hears nothing; its node goes when its session expires.
     Exit status: 0 once every holder let go (or was deleted with --force), 1 otherwise.
     """
-    app = _app(ctx)
-    settings = _settings(app)
+    app, settings = _app(ctx)
     by = operator()
     with _connected(settings.client) as client:
         state, targets = _holders_at(client, path)
@@ -441,20 +435,15 @@ def _await_release(
     started = time.monotonic()
     left = []
     for node in nodes:
-        if not _answer(client.exists_async(node), f"looking up {node}"):
-            released = True
-        else:
+        if _answer(client.exists_async(node), f"looking up {node}"):
             remaining = max(0.0, wait - (time.monotonic() - started))
-            released = remaining > 0 and wait_gone(client, node, remaining)
-        if released:
-            took = time.monotonic() - started
-            ended = run_outcome(app, runs.get(node))
-            click.echo(f"{node}: released after {took:.2f}s; {ended}")
-            logger.warning(
-                "zklock break: %s released after %.2fs (by %s); %s", node, took, by, ended
-            )
-        else:
-            left.append(node)
+            if not (remaining > 0 and wait_gone(client, node, remaining)):
+                left.append(node)
+                continue
+        took = time.monotonic() - started
+        ended = run_outcome(app, runs.get(node))
+        click.echo(f"{node}: released after {took:.2f}s; {ended}")
+        logger.warning("zklock break: %s released after %.2fs (by %s); %s", node, took, by, ended)
     return left
 
 
@@ -528,16 +517,11 @@ def doctor(ctx: click.Context, /, **_: Any) -> None:
         click.echo(checks.report([*names, checks.Check("FAIL", "settings", str(exc))]))
         raise click.exceptions.Exit(1) from None
     config = settings.client
-    found = [
-        *names,
-        checks.Check(
-            "PASS",
-            "settings",
-            f"hosts {config.hosts}, root {settings.root}, session timeout requested "
-            f"{config.session_timeout:g}s",
-        ),
-        checks.gate_bound_check(app),
-    ]
+    read = (
+        f"hosts {config.hosts}, root {settings.root}, session timeout requested "
+        f"{config.session_timeout:g}s"
+    )
+    found = [*names, checks.Check("PASS", "settings", read), checks.gate_bound_check(app)]
     try:
         with _connected(config) as client:
             found.append(checks.Check("PASS", "connect", checks.connected_detail(client)))

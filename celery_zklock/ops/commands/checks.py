@@ -154,14 +154,11 @@ def lease_safety_checks(where: str, negotiated: float | None, conf: str | None) 
     ``syncLimit * tickTime`` against ``T``, from its ``conf`` answer."""
     name = f"lease safety {where}"
     if conf is None or four_letter.refused(conf):
-        return [
-            Check(
-                "WARN",
-                name,
-                "tickTime unknown (conf four-letter word not answered or not whitelisted): the "
-                "lease clock assumes the negotiated session timeout >= 2 x tickTime",
-            )
-        ]
+        unknown = (
+            "tickTime unknown (conf four-letter word not answered or not whitelisted): the "
+            "lease clock assumes the negotiated session timeout >= 2 x tickTime"
+        )
+        return [Check("WARN", name, unknown)]
     values = four_letter.parse("conf", conf)
     tick = _millis(values, "tickTime")
     if tick is None or negotiated is None:
@@ -169,34 +166,26 @@ def lease_safety_checks(where: str, negotiated: float | None, conf: str | None) 
     bounds = ("minSessionTimeout", "maxSessionTimeout")
     limits = ", ".join(f"{key}={values[key]}ms" for key in bounds if key in values)
     rule = f"session timeout {negotiated:g}s, tickTime {tick:g}s ({limits})"
+    safety = Check("PASS", name, f"{rule}: T >= 2 x tickTime, as the lease clock assumes")
     if negotiated < 2 * tick:
-        checks = [
-            Check(
-                "FAIL",
-                name,
-                f"{rule}: below 2 x tickTime, a follower's report of our session may reach the "
-                f"leader later than the lease clock allows (tickTime/2 > T/4): a lease could "
-                f"outlive its session; set zklock_session_timeout >= {2 * tick:g}",
-            )
-        ]
-    else:
-        checks = [Check("PASS", name, f"{rule}: T >= 2 x tickTime, as the lease clock assumes")]
+        safety = Check(
+            "FAIL",
+            name,
+            f"{rule}: below 2 x tickTime, a follower's report of our session may reach the "
+            f"leader later than the lease clock allows (tickTime/2 > T/4): a lease could "
+            f"outlive its session; set zklock_session_timeout >= {2 * tick:g}",
+        )
+    lag = "standalone server: no followers"
     sync_limit = values.get("syncLimit")
     if sync_limit is not None and sync_limit.isdigit():
         window = int(sync_limit) * tick
         relation = "longer than" if window > negotiated else "within"
-        checks.append(
-            Check(
-                "INFO",
-                f"follower lag {where}",
-                f"syncLimit x tickTime = {window:g}s, {relation} the session timeout "
-                f"{negotiated:g}s: a follower cut off from its leader answers for up to "
-                f"{window:g}s; leases count only answers that reached the leader (sync)",
-            )
+        lag = (
+            f"syncLimit x tickTime = {window:g}s, {relation} the session timeout "
+            f"{negotiated:g}s: a follower cut off from its leader answers for up to "
+            f"{window:g}s; leases count only answers that reached the leader (sync)"
         )
-    else:
-        checks.append(Check("INFO", f"follower lag {where}", "standalone server: no followers"))
-    return checks
+    return [safety, Check("INFO", f"follower lag {where}", lag)]
 
 
 def describe_acl(acl: Sequence[ACL]) -> str:
@@ -347,24 +336,20 @@ def probe_containers(client: KazooClient, root: str, config: ClientConfig) -> li
             with contextlib.suppress(NoNodeError):
                 wait_result(client.delete_async(probe), deadline, probe)
     except Exception as exc:  # NoAuth, Unimplemented (no containers), unavailable...
-        return [
-            Check(
-                "FAIL",
-                "containers",
-                f"could not create and delete a container node under {root} ({exc!r}): the locks "
-                "need ZooKeeper >= 3.5.3 and the right to create and delete under the root",
-            ),
-            acl_check(config, None),
-        ]
-    if stat is None:
-        return [
-            Check("FAIL", "containers", f"{probe} was created but could not be read back"),
-            acl_check(config, read_back),
-        ]
-    return [
-        Check("PASS", "containers", f"created and deleted a container node under {root}"),
-        acl_check(config, read_back),
-    ]
+        read_back = None
+        containers = Check(
+            "FAIL",
+            "containers",
+            f"could not create and delete a container node under {root} ({exc!r}): the locks "
+            "need ZooKeeper >= 3.5.3 and the right to create and delete under the root",
+        )
+    else:
+        containers = (
+            Check("PASS", "containers", f"created and deleted a container node under {root}")
+            if stat is not None
+            else Check("FAIL", "containers", f"{probe} was created but could not be read back")
+        )
+    return [containers, acl_check(config, read_back)]
 
 
 def run_checks(

@@ -103,7 +103,9 @@ def node_document(
 ) -> dict[str, Any]:
     """One NODE of the JSON document (see the module docstring)."""
     identity = entry.identity
-    document: dict[str, Any] = {
+    age = round(entry.age(now), 3)
+    timing = {"held_for": age} if position is None else {"waiting_for": age, "position": position}
+    return {
         "node": f"{state.path}/{entry.name}",
         "seq": entry.seq,
         "mode": entry.mode,
@@ -115,15 +117,10 @@ def node_document(
         "token": entry.token,
         "session": hex(entry.session),
         "created": entry.created,
+        **timing,
+        "broken": dict(identity.broken) if identity.broken is not None else None,
+        "celery_zklock": breakable(entry.name, entry.identity),
     }
-    if position is None:
-        document["held_for"] = round(entry.age(now), 3)
-    else:
-        document["waiting_for"] = round(entry.age(now), 3)
-        document["position"] = position
-    document["broken"] = dict(identity.broken) if identity.broken is not None else None
-    document["celery_zklock"] = breakable(entry.name, entry.identity)
-    return document
 
 
 def lock_document(root: str, state: LockState, now: float) -> dict[str, Any]:
@@ -160,25 +157,40 @@ def _waiting(record: Record | None) -> dict[str, Any] | None:
     return {"task_id": record.task_id, "since": record.mtime / 1000.0}
 
 
-def _record_rows(state: LockState, path: str, now: float) -> list[list[str]]:
-    """The rows of the calls a key's records name: its debounce window's latest call (ROLE
+def _record_rows(state: LockState, now: float) -> list[list[str]]:
+    """The rows of what a key recorded besides its contenders: the admissions of its
+    ``lock_rate`` (ROLE: how many, the last one's age), its debounce window's latest call (ROLE
     ``debounce``, FOR: the window's age, NOTE: when it ends) and its ``replace`` waiting call
-    (ROLE ``queued (replace)``, FOR: since when)."""
+    (ROLE ``queued (replace)``, FOR: since when). Without the LOCK column."""
     rows = []
+    if state.admissions:
+        newest = duration(max(0.0, now - state.admissions[-1]))
+        rows.append(
+            _record_row("rate", f"rate: {len(state.admissions)} admitted, last {newest} ago")
+        )
     window: Record | None = getattr(state, "debounce", None)
     if window is not None:
         ends = window.ends
         note = "" if ends is None else f"window ends in {duration(max(0.0, ends / 1000 - now))}"
         age = duration(max(0.0, now - window.first / 1000))
-        rows.append([path, "debounce", "latest call", "", age, window.task_id or "-",
-                     "", "", "", note])  # fmt: skip
-        path = ""
+        rows.append(_record_row("debounce", "latest call", age, window.task_id or "-", note))
     waiting: Record | None = getattr(state, "waiting", None)
     if waiting is not None:
         age = duration(max(0.0, now - waiting.mtime / 1000))
-        rows.append([path, "replace", "queued call", "", age, waiting.task_id or "-",
-                     "", "", "", ""])  # fmt: skip
+        rows.append(_record_row("replace", "queued call", age, waiting.task_id or "-"))
     return rows
+
+
+def _record_row(
+    mode: str, role: str, age: str = "", task_id: str = "", note: str = ""
+) -> list[str]:
+    """A row (without the LOCK column) of a call or admission a key's records name."""
+    return [mode, role, "", age, task_id, "", "", "", note]
+
+
+def _under(path: str, rows: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``rows`` with a first column: ``path`` on the first row, blank on the others."""
+    return [[path if i == 0 else "", *row] for i, row in enumerate(rows)]
 
 
 def locks_document(root: str, states: Sequence[LockState], now: float) -> dict[str, Any]:
@@ -211,10 +223,9 @@ def _note(entry: Contender) -> str:
     return ""
 
 
-def _row(path: str, entry: Contender, role: str, now: float, limit: int | None) -> list[str]:
+def _row(entry: Contender, role: str, now: float, limit: int | None) -> list[str]:
     identity = entry.identity
     return [
-        path,
         f"semaphore/{limit}" if limit is not None else entry.mode,
         role,
         str(entry.token),
@@ -246,19 +257,10 @@ def locks_table(states: Sequence[LockState], now: float) -> str:
     task run's. ``no locks held`` when there is none."""
     body: list[list[str]] = []
     for state in states:
-        path = state.path
-        for entry in state.holders:
-            body.append(_row(path, entry, "holder", now, state.limit))
-            path = ""
+        rows = [_row(entry, "holder", now, state.limit) for entry in state.holders]
         for position, entry in enumerate(state.waiters, start=1):
-            body.append(_row(path, entry, f"waiter {position}", now, state.limit))
-            path = ""
-        if state.admissions:  # lock_rate: the admissions its key recorded
-            newest = duration(max(0.0, now - state.admissions[-1]))
-            role = f"rate: {len(state.admissions)} admitted, last {newest} ago"
-            body.append([path, "rate", role, *[""] * (len(COLUMNS) - 3), ""])
-            path = ""
-        body.extend(_record_rows(state, path, now))
+            rows.append(_row(entry, f"waiter {position}", now, state.limit))
+        body += _under(state.path, rows + _record_rows(state, now))
     if not body:
         return "no locks held"
     header = [*COLUMNS, "NOTE"]
@@ -289,13 +291,13 @@ def held_table(held: Sequence[HeldMessages]) -> str:
     older version) are one row per lock: how many, the oldest's wait, those workers."""
     rows = [["HELD AT GATES", "LINE", "FOR", "TASK ID", "TASK", "WORKER"]]
     for h in held:
-        path = h.path
-        for m in h.messages:
-            rows.append([path, str(m.position), duration(m.held_for), m.task_id, m.task, m.worker])
-            path = ""
+        lines = [
+            [str(m.position), duration(m.held_for), m.task_id, m.task, m.worker] for m in h.messages
+        ]
         if h.unnamed:
             naming = {m.worker for m in h.messages}
             older = ",".join(w for w in h.workers if w not in naming)
             unnamed = f"{h.unnamed} not named (older version)"
-            rows.append([path, "-", duration(h.oldest), unnamed, "-", older])
+            lines.append(["-", duration(h.oldest), unnamed, "-", older])
+        rows += _under(h.path, lines)
     return table(rows)
