@@ -81,16 +81,13 @@ def _record_skipped(backend: Any, steps: list[Any], marker: dict[str, Any]) -> N
         options = dict(step.get("options") or {})
         kwargs = step.get("kwargs") or {}
         kind = step.get("subtask_type")
-        if kind == "group":
+        if kind in ("group", "chain"):
             pending.extend(kwargs.get("tasks") or ())
             continue
         if kind == "chord":
             body = kwargs.get("body")
             if body is not None:
                 pending.append(body)
-            continue
-        if kind == "chain":
-            pending.extend(kwargs.get("tasks") or ())
             continue
         context = _context(step, options)
         if context.id is not None:

@@ -130,13 +130,8 @@ class Marker:
     def decode(cls, raw: bytes) -> Marker | None:
         try:
             data = json.loads(raw)
-            deadline = data.get("deadline")
-            return cls(
-                str(data["task_id"]),
-                str(data["mode"]),
-                float(data["written"]),
-                None if deadline is None else float(deadline),
-            )
+            deadline = None if data.get("deadline") is None else float(data["deadline"])
+            return cls(str(data["task_id"]), str(data["mode"]), float(data["written"]), deadline)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -258,7 +253,7 @@ def claim(
     path = marker_path(lock_path)
     deadline = Deadline(timeout)
     now = time.time()
-    ours = Marker(task_id, mode, now, now + timeout).encode()
+    mine = Marker(task_id, mode, now, now + timeout)
     context = context_for(client)
     what = f"claiming the dedupe marker {path}"
     contended = 0
@@ -267,7 +262,7 @@ def claim(
         # reconnect, however long after we gave up.
         context.await_connected(deadline, what)
         try:
-            return _claim_once(client, path, task_id, ours, ttl, owner_state, deadline)
+            return _claim_once(client, path, mine, ttl, owner_state, deadline)
         except (ConnectionLoss, SessionExpiredError):
             if deadline.expired():  # kazoo may fail requests at once, without a wait
                 raise ZooKeeperUnavailable(deadline.why(what)) from None
@@ -279,15 +274,9 @@ def claim(
 
 
 def _claim_once(
-    client: KazooClient,
-    path: str,
-    task_id: str,
-    ours: bytes,
-    ttl: float,
-    owner_state: Any,
-    deadline: Deadline,
+    client: KazooClient, path: str, mine: Marker, ttl: float, owner_state: Any, deadline: Deadline
 ) -> str | None:
-    """One read and at most one write: None (ours) or the owner's task id. Raises
+    """One read and at most one write (of ``mine``): None (ours) or the owner's task id. Raises
     ``NodeExistsError``, ``BadVersionError`` or ``NoNodeError`` when another caller wrote or
     removed the marker first."""
     # Read first: a create that fails on an existing node is still a logged, fsynced
@@ -295,14 +284,14 @@ def _claim_once(
     try:
         raw, stat = wait_result(client.get_async(path), deadline, f"reading {path}")
     except NoNodeError:
-        _create(client, path, ours, ttl, deadline)
+        _create(client, path, mine.encode(), ttl, deadline)
         return None
     found = Marker.decode(raw)
-    if found is not None and found.task_id == task_id:
+    if found is not None and found.task_id == mine.task_id:
         return None
     if found is not None and not _stale(found, stat, ttl, owner_state):
         return found.task_id
-    _write(client, path, client.set_async(path, ours, version=stat.version), deadline)
+    _write(client, path, client.set_async(path, mine.encode(), version=stat.version), deadline)
     return None
 
 
