@@ -81,7 +81,7 @@ def _record_skipped(backend: Any, steps: list[Any], marker: dict[str, Any]) -> N
         options = dict(step.get("options") or {})
         kwargs = step.get("kwargs") or {}
         kind = step.get("subtask_type")
-        if kind == "group":
+        if kind in ("group", "chain"):
             pending.extend(kwargs.get("tasks") or ())
             continue
         if kind == "chord":
@@ -89,23 +89,14 @@ def _record_skipped(backend: Any, steps: list[Any], marker: dict[str, Any]) -> N
             if body is not None:
                 pending.append(body)
             continue
-        if kind == "chain":
-            pending.extend(kwargs.get("tasks") or ())
-            continue
-        context = _context(step, options)
+        context = Context(step)  # a request for a step that never ran, as Celery fails a chain's
+        context.update(options)
+        context.id = options.get("task_id")
+        context.group = options.get("group_id")
         if context.id is not None:
             backend.store_result(context.id, marker, states.SUCCESS, request=context)
         if "chord" in options:
             backend.on_chord_part_return(context, states.SUCCESS, marker)
-
-
-def _context(step: dict[str, Any], options: dict[str, Any]) -> Any:
-    """A request ``Context`` for a step that never ran, as Celery builds one to fail a chain."""
-    context = Context(step)
-    context.update(options)
-    context.id = options.get("task_id")
-    context.group = options.get("group_id")
-    return context
 
 
 def hide_markers(task: Any = None, args: Any = None, **_: Any) -> None:

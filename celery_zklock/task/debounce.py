@@ -54,16 +54,11 @@ from typing import Any, Final, Literal
 from celery import states
 from celery.backends.base import DisabledBackend
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException
 
 from celery_zklock.errors import ZooKeeperUnavailable
-from celery_zklock.task import latest, sendback
-from celery_zklock.task.delivery import (
-    DuplicateDelivery,
-    finished_already,
-    first_of_task,
-    read_queue,
-)
+from celery_zklock.task import delivery, latest, sendback
+from celery_zklock.task.delivery import DuplicateDelivery, finished_already
 from celery_zklock.task.generation import is_newer
 from celery_zklock.task.metrics import count_outcome
 from celery_zklock.task.policy import is_skipped, skip_result
@@ -72,8 +67,6 @@ __all__ = ["DEBOUNCE_HEADER", "Settled", "before_lock", "due_in", "settle"]
 
 DEBOUNCE_HEADER: Final = "zklock_debounce"
 """The header of a message sent back to wait for its debounce window's end."""
-ROUNDS: Final = 20
-"""Versioned writes a run tries before it gives the record up as unreachable."""
 
 logger = logging.getLogger("celery_zklock")
 
@@ -111,30 +104,28 @@ def settle(
     node = f"{path}/{latest.DEBOUNCE_NODE}"
     task_id, generation = call
     window = (quiet, cap)
-    for _ in range(ROUNDS):
-        try:
-            record = latest.read(client, node)
-            if record is None:
-                if resent:
-                    return Settled("gone")
-                made = latest.create(client, node, latest.encode(task_id, generation, None, window))
-                return Settled("wait", due_in(made, made.mtime, quiet, cap))
-            if record.task_id == task_id:
-                data = latest.encode(task_id, generation, record.at, window)
-                checked = latest.write(client, node, data, record.version)
-                left = due_in(checked, checked.mtime, quiet, cap)
-                if left > 0:
-                    return Settled("wait", left)
-                latest.delete(client, node, checked.version)
-                return Settled("run")
-            if record.task_id is not None and not is_newer(generation, record.generation):
-                return Settled("skip", by=record.task_id)
-            data = latest.encode(task_id, generation, None, window)
-            mine = latest.write(client, node, data, record.version)
-            return Settled("wait", due_in(mine, mine.mtime, quiet, cap), superseded=record.task_id)
-        except (BadVersionError, NoNodeError, NodeExistsError):
-            continue  # another call's write came first: read again
-    raise ZooKeeperUnavailable(f"the debounce record {node} changed at each of {ROUNDS} writes")
+
+    def step(record: latest.Record | None) -> Settled:
+        if record is None:
+            if resent:
+                return Settled("gone")
+            made = latest.create(client, node, latest.encode(task_id, generation, None, window))
+            return Settled("wait", due_in(made, made.mtime, quiet, cap))
+        if record.task_id == task_id:
+            data = latest.encode(task_id, generation, record.at, window)
+            checked = latest.write(client, node, data, record.version)
+            left = due_in(checked, checked.mtime, quiet, cap)
+            if left > 0:
+                return Settled("wait", left)
+            latest.delete(client, node, checked.version)
+            return Settled("run")
+        if record.task_id is not None and not is_newer(generation, record.generation):
+            return Settled("skip", by=record.task_id)
+        data = latest.encode(task_id, generation, None, window)
+        mine = latest.write(client, node, data, record.version)
+        return Settled("wait", due_in(mine, mine.mtime, quiet, cap), superseded=record.task_id)
+
+    return latest.versioned(client, node, step)
 
 
 def before_lock(run: Any, client: KazooClient) -> Any:
@@ -147,10 +138,10 @@ def before_lock(run: Any, client: KazooClient) -> Any:
     again = resent or (request.delivery_info or {}).get("redelivered")
     if again and finished_already(task, run.task_id, settle=0.0):
         return _ended(run)
-    if again and _contends(run, client):
-        return None  # a copy of a call past its window: the lock's delivery checks decide
     options = run.options
     try:
+        if again and _contends(run, client):
+            return None  # a copy of a call past its window: the lock's delivery checks decide
         settled = settle(client, run.path, (run.task_id, run.generation), options.debounce,
                          options.debounce_cap, resent)  # fmt: skip
     except (ZooKeeperUnavailable, KazooException) as exc:
@@ -162,7 +153,7 @@ def before_lock(run: Any, client: KazooClient) -> Any:
             return _ended(run)  # its own run won and ended: its result comes after its release
         return _skip(run, settled.by)
     if settled.action == "gone":
-        if _results_stored(run) and not finished_already(task, run.task_id):
+        if delivery.results_stored(task) and not finished_already(task, run.task_id):
             # Its own earlier run ended the window and died before the call ended (a call a
             # newer one superseded has its skip stored): the call runs, at least once.
             run._log("debounce-won", run.path)
@@ -176,19 +167,15 @@ def before_lock(run: Any, client: KazooClient) -> Any:
         run._log("debounce-waits", run.path, due_in=round(settled.seconds, 3),
                  superseded=settled.superseded)  # fmt: skip
         reason = f"waits {settled.seconds:.3f}s for its debounce window's end"
-        headers = {DEBOUNCE_HEADER: True}
-        raise sendback.send_back(task, request, settled.seconds, reason, headers)
+        raise sendback.send_back(task, request, settled.seconds, reason, {DEBOUNCE_HEADER: True})
     return None
 
 
 def _contends(run: Any, client: KazooClient) -> bool:
     """Whether the call of ``run`` holds or waits for its lock already: this message is a
     copy of a call that won its window, whatever window a newer call began since."""
-    try:
-        queue = read_queue(client, run.path, latest.IO_TIMEOUT)
-    except (ZooKeeperUnavailable, KazooException) as exc:
-        run._unavailable(f"ZooKeeper failed while reading lock {run.path}: {exc}", exc)
-    return first_of_task(queue, run.task_id) is not None
+    queue = delivery.read_queue(client, run.path, latest.IO_TIMEOUT)
+    return delivery.first_of_task(queue, run.task_id) is not None
 
 
 def _ended(run: Any) -> Any:
@@ -198,14 +185,6 @@ def _ended(run: Any) -> Any:
     if is_skipped(stored) and isinstance(stored, Mapping):
         return _skip(run, stored.get("holder"))
     raise DuplicateDelivery(f"task {run.task_id} already finished: debounce copy ignored")
-
-
-def _results_stored(run: Any) -> bool:
-    """Whether the call's final state can be read: results stored for the task and this call."""
-    task = run.task
-    if task.ignore_result or getattr(run.request, "ignore_result", False):
-        return False
-    return not isinstance(task.backend, DisabledBackend)
 
 
 def _skip(run: Any, by: Any) -> Any:

@@ -57,7 +57,7 @@ import logging
 import posixpath
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
 from celery import states
@@ -123,22 +123,15 @@ class Marker:
     deadline: float | None = None
 
     def encode(self) -> bytes:
-        data: dict[str, Any] = {"task_id": self.task_id, "mode": self.mode, "written": self.written}
-        if self.deadline is not None:
-            data["deadline"] = self.deadline
+        data = {name: value for name, value in asdict(self).items() if value is not None}
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Marker | None:
         try:
             data = json.loads(raw)
-            deadline = data.get("deadline")
-            return cls(
-                str(data["task_id"]),
-                str(data["mode"]),
-                float(data["written"]),
-                None if deadline is None else float(deadline),
-            )
+            deadline = None if data.get("deadline") is None else float(data["deadline"])
+            return cls(str(data["task_id"]), str(data["mode"]), float(data["written"]), deadline)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -170,16 +163,11 @@ def enqueue_once(
     a run that never comes; it claims the marker when that is free or its own, and leaves
     another call's marker alone (a ``queued`` run gave its marker up when it started)."""
     settings = settings_of(task.app)
+    timeout = settings.dedupe_timeout
     try:
         client = get_client(settings.client)
         owner = claim(
-            client,
-            lock_path,
-            task_id,
-            options.dedupe,
-            options.dedupe_ttl,
-            _state_of(task),
-            settings.dedupe_timeout,
+            client, lock_path, task_id, options.dedupe, options.dedupe_ttl, _state_of(task), timeout
         )
     except STOPPING:
         raise
@@ -191,33 +179,28 @@ def enqueue_once(
             return send()
         if not isinstance(exc, (ZooKeeperUnavailable, *_UNREACHABLE)):
             raise
+        why = _unreachable(exc, timeout)
         if options.dedupe_unavailable == "send":
-            logger.warning(
-                "zklock: task %s (%s) sent without deduplication: %s (lock_dedupe_unavailable"
-                "='send')", task.name, task_id, _unreachable(exc, settings.dedupe_timeout),
-            )  # fmt: skip
+            logger.warning("zklock: task %s (%s) sent without deduplication: %s "
+                           "(lock_dedupe_unavailable='send')", task.name, task_id, why)  # fmt: skip
             return send()
         raise ZooKeeperUnavailable(
-            f"task {task.name!r}: nothing sent: {_unreachable(exc, settings.dedupe_timeout)} "
-            f"while claiming the dedupe marker of lock {lock_path}; lock_dedupe_unavailable="
-            "'send' sends without deduplication instead"
+            f"task {task.name!r}: nothing sent: {why} while claiming the dedupe marker of lock "
+            f"{lock_path}; lock_dedupe_unavailable='send' sends without deduplication instead"
         ) from exc
     if owner is not None and resend:
         return send()  # another call's marker: left alone
     if owner is not None:
         if options.dedupe_raise:
-            raise AlreadyQueued(
-                f"task {task.name!r}: a call for lock {lock_path} is already "
-                f"{'queued' if options.dedupe == 'queued' else 'queued or running'} as task "
-                f"{owner}",
-                owner,
-            )
+            what = "queued" if options.dedupe == "queued" else "queued or running"
+            message = f"a call for lock {lock_path} is already {what} as task {owner}"
+            raise AlreadyQueued(f"task {task.name!r}: {message}", owner)
         return task.AsyncResult(owner)
     try:
         return send()
     except BaseException:
         try:
-            release(client, lock_path, task_id, settings.dedupe_timeout)
+            release(client, lock_path, task_id, timeout)
         except Exception:  # the send's error is the one to raise; the ttl bounds the marker
             logger.warning("zklock: could not remove the dedupe marker of task %s after its "
                            "send failed", task_id, exc_info=True)  # fmt: skip
@@ -270,7 +253,7 @@ def claim(
     path = marker_path(lock_path)
     deadline = Deadline(timeout)
     now = time.time()
-    ours = Marker(task_id, mode, now, now + timeout).encode()
+    mine = Marker(task_id, mode, now, now + timeout)
     context = context_for(client)
     what = f"claiming the dedupe marker {path}"
     contended = 0
@@ -279,51 +262,36 @@ def claim(
         # reconnect, however long after we gave up.
         context.await_connected(deadline, what)
         try:
-            owner = _claim_once(client, path, task_id, ours, ttl, owner_state, deadline)
+            return _claim_once(client, path, mine, ttl, owner_state, deadline)
         except (ConnectionLoss, SessionExpiredError):
             if deadline.expired():  # kazoo may fail requests at once, without a wait
                 raise ZooKeeperUnavailable(deadline.why(what)) from None
-            continue
-        if not isinstance(owner, _Again):
-            return owner
-        contended += 1
+        except (BadVersionError, NoNodeError, NodeExistsError):
+            contended += 1  # another caller wrote or removed it first: read again
     raise ZkLockError(
         f"could not claim the dedupe marker {path} in {CLAIM_ROUNDS} rounds (it kept changing)"
     )
 
 
-class _Again:
-    """:func:`_claim_once` lost a race with another caller: read again."""
-
-
-_AGAIN: Final = _Again()
-
-
 def _claim_once(
-    client: KazooClient,
-    path: str,
-    task_id: str,
-    ours: bytes,
-    ttl: float,
-    owner_state: Any,
-    deadline: Deadline,
-) -> str | _Again | None:
-    """One read and at most one write: None (ours), the owner's task id, or :data:`_AGAIN`."""
+    client: KazooClient, path: str, mine: Marker, ttl: float, owner_state: Any, deadline: Deadline
+) -> str | None:
+    """One read and at most one write (of ``mine``): None (ours) or the owner's task id. Raises
+    ``NodeExistsError``, ``BadVersionError`` or ``NoNodeError`` when another caller wrote or
+    removed the marker first."""
     # Read first: a create that fails on an existing node is still a logged, fsynced
     # transaction on the server; a read is not (the deduplicated call is the common one).
     try:
         raw, stat = wait_result(client.get_async(path), deadline, f"reading {path}")
     except NoNodeError:
-        return None if _create(client, path, ours, ttl, deadline) else _AGAIN
+        _create(client, path, mine.encode(), ttl, deadline)
+        return None
     found = Marker.decode(raw)
-    if found is not None and found.task_id == task_id:
+    if found is not None and found.task_id == mine.task_id:
         return None
     if found is not None and not _stale(found, stat, ttl, owner_state):
         return found.task_id
-    try:
-        _write(client, path, client.set_async(path, ours, version=stat.version), deadline)
-    except (BadVersionError, NoNodeError):
-        return _AGAIN  # another caller replaced or removed it first: look again
+    _write(client, path, client.set_async(path, mine.encode(), version=stat.version), deadline)
     return None
 
 
@@ -354,14 +322,13 @@ def _stale(marker: Marker, stat: ZnodeStat, ttl: float, owner_state: Any) -> boo
     return owner_state(marker.task_id) in states.READY_STATES
 
 
-def _create(client: KazooClient, path: str, data: bytes, ttl: float, deadline: Deadline) -> bool:
-    """Create the marker (a TTL node where the server has them); False if it exists."""
+def _create(client: KazooClient, path: str, data: bytes, ttl: float, deadline: Deadline) -> None:
+    """Create the marker (a TTL node where the server has them). Raises ``NodeExistsError``
+    if it exists."""
     for _ in range(CLAIM_ROUNDS):
         try:
             _create_once(client, path, data, ttl, deadline)
-            return True
-        except NodeExistsError:
-            return False
+            return
         except NoNodeError:
             # The parent is a container: it may have been reaped.
             make_containers(client, posixpath.dirname(path), deadline)

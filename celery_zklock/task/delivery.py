@@ -11,7 +11,8 @@ its own task id anywhere in the lock's queue - holding, waiting, exclusive or sh
   whatever its busy policy.
 - **another delivery of the same message** (as many retries or more), *ahead of this run*: the
   *original*. This run is the copy, and never runs beside it or after it while it lives: it
-  waits up to :func:`dead_holder_bound` for the original's node to go.
+  waits up to the lock's :attr:`~celery_zklock.Mutex.dead_holder_bound` for the original's node
+  to go (see below).
 
   - Still there: the original is alive (holding or waiting); the copy is a duplicate and is
     ignored (``Ignore``: no state is written, so the original's result stands).
@@ -35,6 +36,16 @@ if one appears.
 
 Reading the queue costs one listing and one read per contender node; only a run that finds the
 lock busy, or a shared run, pays it.
+
+The dead holder bound is an upper bound, in seconds, on how long the node of a holder whose
+process died can outlive it. The leader expires a session ``T`` (the *negotiated* timeout, which
+the server may have raised above the requested one to its ``minSessionTimeout``) after it last
+heard of it, rounded up to the next tick; the last it heard is no later than the death, and the
+copy starts after it. ZooKeeper's default ``minSessionTimeout`` is ``2 * tickTime``, so ``tick <=
+T/2``, and the node is gone ``1.5 * T`` after the death plus the time to apply the expiry (delete
+the ephemeral nodes, notify the watchers): ``1.5 * T + 1`` seconds. A server configured with
+``minSessionTimeout`` below ``2 * tickTime`` can exceed it. The lock layer owns the formula, with
+``T`` from its client's handshake.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import states
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore
 from kazoo.client import KazooClient
 
@@ -59,23 +71,6 @@ RESULT_SETTLE_SECONDS = 2.0
 """How long a copy whose original's node went waits for the original's result to appear."""
 Event = Callable[..., None]
 """How the task logs an event: ``event(name, path, **fields)``."""
-
-
-def dead_holder_bound(side: Any) -> float:
-    """How long a copy waits for its original's node: an upper bound, in seconds, on how long
-    the node of a holder whose process died can outlive it.
-
-    The leader expires a session ``T`` (the *negotiated* timeout, which the server may have
-    raised above the requested one to its ``minSessionTimeout``) after it last heard of it,
-    rounded up to the next tick; the last it heard is no later than the death, and the copy
-    starts after it. ZooKeeper's default ``minSessionTimeout`` is ``2 * tickTime``, so
-    ``tick <= T/2``, and the node is gone ``1.5 * T`` after the death plus the time to apply the
-    expiry (delete the ephemeral nodes, notify the watchers): ``1.5 * T + 1`` seconds. A server
-    configured with ``minSessionTimeout`` below ``2 * tickTime`` can exceed it. The lock layer
-    owns the formula (:attr:`celery_zklock.Mutex.dead_holder_bound`), with ``T`` from its
-    client's handshake.
-    """
-    return float(side.dead_holder_bound)
 
 
 def read_queue(
@@ -145,7 +140,7 @@ def await_original(
     """The running ``task`` is a copy of ``original``'s delivery: True once it may run (its
     original died), else raise :class:`DuplicateDelivery` (see the module docstring)."""
     task_id = task.request.id
-    grace = dead_holder_bound(side)
+    grace = float(side.dead_holder_bound)
     event("same-delivery-waits", path, holder=task_id, node=original.name, grace=grace)
     if not wait_gone(client, f"{path}/{original.name}", grace):
         event("duplicate-ignored", path, holder=task_id)
@@ -178,8 +173,7 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
     is not stored (``ignore_result``, on the task or the call) can tell nothing, and does not
     wait: its message would spend that time of its broker's redelivery bound for nothing.
     """
-    request = getattr(task, "request", None)
-    if getattr(task, "ignore_result", False) or getattr(request, "ignore_result", False):
+    if not results_stored(task):
         return False
     deadline = time.monotonic() + settle
     while True:
@@ -194,3 +188,12 @@ def finished_already(task: Any, task_id: str, settle: float = RESULT_SETTLE_SECO
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def results_stored(task: Any) -> bool:
+    """Whether a final state of ``task``'s current call can be read: the app has a result
+    backend, and neither the task nor the call (its request) ignores its result."""
+    request = getattr(task, "request", None)
+    if getattr(task, "ignore_result", False) or getattr(request, "ignore_result", False):
+        return False
+    return not isinstance(getattr(task, "backend", None), DisabledBackend)

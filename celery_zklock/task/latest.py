@@ -18,25 +18,16 @@ stats (``ctime``, ``mtime``, milliseconds since the epoch), never from a worker'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from celery_zklock.errors import ZooKeeperUnavailable
 from celery_zklock.locks.queue import make_containers
 from celery_zklock.zk.calls import Deadline, wait_result
-
-__all__ = [
-    "DEBOUNCE_NODE",
-    "IO_TIMEOUT",
-    "WAITER_NODE",
-    "Record",
-    "create",
-    "delete",
-    "read",
-    "write",
-]
 
 DEBOUNCE_NODE: Final = "debounce"
 """The child of a key's lock path naming the latest call of its debounce window."""
@@ -44,6 +35,10 @@ WAITER_NODE: Final = "waiter"
 """The child of a key's lock path naming its one waiting call (``lock_on_busy="replace"``)."""
 IO_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer one record request (else ZooKeeperUnavailable)."""
+ROUNDS: Final = 20
+"""Versioned writes a run tries (:func:`versioned`) before it gives the record up as unreachable."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -112,6 +107,20 @@ def parse(data: bytes, stat: Any) -> Record:
 def _seconds(value: object) -> float | None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if ok else None  # type: ignore[arg-type]
+
+
+def versioned(client: KazooClient, path: str, step: Callable[[Record | None], T]) -> T:
+    """``step`` applied to the record at ``path`` as read (None: there is none), which writes
+    against that read (:func:`create`, :func:`write`, :func:`delete`); read again and applied
+    again when another run's write came first, at most :data:`ROUNDS` times, then
+    ``ZooKeeperUnavailable``."""
+    for _ in range(ROUNDS):
+        try:
+            return step(read(client, path))
+        except (BadVersionError, NoNodeError, NodeExistsError):
+            continue  # another call's write came first: read again
+    name = path.rsplit("/", 1)[1]
+    raise ZooKeeperUnavailable(f"the {name} record {path} changed at each of {ROUNDS} writes")
 
 
 def read(client: KazooClient, path: str) -> Record | None:

@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Final
+from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
-from celery_zklock.errors import LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import LockTimeout
 from celery_zklock.locks import Lease, Mutex
 from celery_zklock.task import latest
 from celery_zklock.task.generation import is_newer
@@ -44,9 +44,6 @@ from celery_zklock.zk import adapter
 from celery_zklock.zk.calls import Deadline, wait_result
 
 __all__ = ["Waiter"]
-
-ROUNDS: Final = 20
-"""Versioned writes a waiter tries before it gives the record up as unreachable."""
 
 
 class Waiter:
@@ -102,26 +99,23 @@ class Waiter:
         """Be the record's call (False: a newer call is, :attr:`replaced_by`), and watch it."""
         self._changed.clear()
         self.replaced_by = None
-        for _ in range(ROUNDS):
-            try:
-                record = latest.read(self.client, self.node)
-                if record is None:
-                    mine = latest.create(self.client, self.node, self._data())
-                elif record.task_id == self.task_id:
-                    mine = record  # our own record, or our message's earlier delivery's
-                elif record.task_id is not None and not is_newer(
-                    self.generation, record.generation
-                ):
-                    self.replaced_by, self.version = record.task_id, None
-                    return False
-                else:
-                    mine = latest.write(self.client, self.node, self._data(), record.version)
-            except (BadVersionError, NoNodeError, NodeExistsError):
-                continue
-            self.version = mine.version
-            return self._watch()
-        raise ZooKeeperUnavailable(f"the waiter record {self.node} changed at each of {ROUNDS} "
-                                   "writes")  # fmt: skip
+
+        def step(record: latest.Record | None) -> latest.Record | None:
+            """The record as this run wrote it, or None (a newer call is named)."""
+            if record is None:
+                return latest.create(self.client, self.node, self._data())
+            if record.task_id == self.task_id:
+                return record  # our own record, or our message's earlier delivery's
+            if record.task_id is not None and not is_newer(self.generation, record.generation):
+                self._replaced(record.task_id)
+                return None
+            return latest.write(self.client, self.node, self._data(), record.version)
+
+        mine = latest.versioned(self.client, self.node, step)
+        if mine is None:
+            return False
+        self.version = mine.version
+        return self._watch()
 
     def _watch(self) -> bool:
         """Watch the record; False if a newer call is named already (replaced)."""
@@ -133,8 +127,7 @@ class Waiter:
             self._changed.set()  # gone already (no watch set): the wait ends at once
             return True
         if record.task_id != self.task_id:
-            self.replaced_by, self.version = record.task_id, None
-            return False
+            return self._replaced(record.task_id)
         return True
 
     def _on_change(self, _event: Any) -> None:  # a kazoo thread: must not block
@@ -167,10 +160,14 @@ class Waiter:
         except BadVersionError:
             record = latest.read(self.client, self.node)
             if record is not None and record.task_id != self.task_id:
-                self.replaced_by, self.version = record.task_id, None
-                return False
+                return self._replaced(record.task_id)
         self.version = None
         return True
+
+    def _replaced(self, by: str | None) -> bool:
+        """A newer call ``by`` is the waiting call now, not this run: False (not ours)."""
+        self.replaced_by, self.version = by, None
+        return False
 
     def _data(self) -> bytes:
         return latest.encode(self.task_id, self.generation)

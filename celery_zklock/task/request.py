@@ -21,7 +21,7 @@ from kombu.transport import virtual
 
 from celery_zklock.task.delivery import OriginalAlive
 
-__all__ = ["LockedRequest", "forget", "shares_its_record"]
+__all__ = ["LockedRequest", "forget"]
 
 
 class LockedRequest(Request):  # type: ignore[misc]
@@ -40,19 +40,15 @@ class LockedRequest(Request):  # type: ignore[misc]
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
 
-def shares_its_record(message: Any) -> bool:
-    """Whether ``message``'s broker keeps one unacknowledged record for all its copies:
-    kombu's Redis transport (and Sentinel), whose QoS restores records by delivery tag."""
-    qos = getattr(getattr(message, "channel", None), "qos", None)
-    return isinstance(qos, virtual.QoS) and hasattr(qos, "restore_by_tag")
-
-
 def forget(message: Any) -> bool:
     """Drop ``message`` from this worker's unacknowledged set (its prefetch slot, its restore
     at shutdown) without touching the broker's record; False, doing nothing, for a broker
-    whose copies do not share a record."""
-    if not shares_its_record(message):
+    whose copies do not share a record (one unacknowledged record for all the copies of a
+    message: kombu's Redis transport, and Sentinel, whose QoS restores records by delivery
+    tag)."""
+    qos = getattr(getattr(message, "channel", None), "qos", None)
+    if not isinstance(qos, virtual.QoS) or not hasattr(qos, "restore_by_tag"):
         return False
     # The base class's ack: this worker's bookkeeping, not the Redis QoS's removal of the record.
-    virtual.QoS.ack(message.channel.qos, message.delivery_tag)  # type: ignore[no-untyped-call]
+    virtual.QoS.ack(qos, message.delivery_tag)  # type: ignore[no-untyped-call]
     return True

@@ -51,7 +51,10 @@ def waiting(task: Any, path: str, holder: Any) -> None:
 def held(request: Any, path: str, holder: Any) -> None:
     """The worker's gate holds ``request`` (a worker request, in the worker's main process)
     until lock ``path``, held by task ``holder``, can be granted."""
-    _send_request(request, WAITING_EVENT, lock=path, holder=holder)
+    try:
+        request.send_event(WAITING_EVENT, lock=path, holder=holder)
+    except Exception:
+        logger.debug("could not send %s for %s", WAITING_EVENT, request.id, exc_info=True)
 
 
 TRACKS_STARTED: Final = "_zklock_track_started"
@@ -90,24 +93,14 @@ def skipped(task: Any, path: str, holder: Any, reason: str) -> None:
     _send(task, SKIPPED_EVENT, lock=path, holder=holder, lock_skipped=reason)
 
 
-def _in_worker(task: Any) -> bool:
-    request = task.request
-    return bool(request.id) and not request.called_directly and not request.is_eager
-
-
 def _send(task: Any, event: str, **fields: Any) -> None:
-    if not _in_worker(task) or not task.app.conf.worker_send_task_events:
+    request = task.request
+    in_worker = bool(request.id) and not request.called_directly and not request.is_eager
+    if not in_worker or not task.app.conf.worker_send_task_events:
         return
     try:
         task.send_event(event, retry=False, **fields)
     except STOPPING:
         raise
-    except Exception:
-        logger.debug("could not send %s for %s", event, task.request.id, exc_info=True)
-
-
-def _send_request(request: Any, event: str, **fields: Any) -> None:
-    try:
-        request.send_event(event, **fields)
     except Exception:
         logger.debug("could not send %s for %s", event, request.id, exc_info=True)
