@@ -44,9 +44,10 @@ class Deadline:
         return None if self.at is None else max(0.0, self.at - time.monotonic())
 
     def expired(self) -> bool:
+        """True once the point in time passed, or the outage check names a reason."""
         if self.at is not None and time.monotonic() >= self.at:
             return True
-        return self.gave_up()
+        return self.outage is not None and self.outage() is not None
 
     def gave_up(self) -> bool:
         """True if the outage check names a reason now (whatever time is left)."""
@@ -62,8 +63,8 @@ class Deadline:
 def wait_slice(deadline: Deadline) -> float:
     """Wait in short slices: an exception thrown into this thread (PyThreadState_SetAsyncExc,
     as Celery's threads pool revocation does) is only delivered between blocking calls."""
-    remaining = deadline.remaining()
-    return WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+    at = deadline.at
+    return WAIT_SLICE if at is None else min(WAIT_SLICE, max(0.0, at - time.monotonic()))
 
 
 def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
