@@ -39,7 +39,7 @@ from kazoo.protocol.states import KazooState
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
 from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT, LeaseClock, LeaseTiming, timing_for
 from celery_zklock.zk import adapter
-from celery_zklock.zk.calls import Deadline, Outage, wait_slice
+from celery_zklock.zk.calls import Deadline, wait_slice
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -173,11 +173,12 @@ class ClientContext:
         self._read_timing(client)
         self.timing.check()
 
-    def outage(self, start: float) -> Outage:
+    def outage(self, start: float) -> str | None:
         """The outage check of a wait that began at ``start`` (monotonic s), for its
-        :class:`~celery_zklock.zk.calls.Deadline`: it names a reason once the client has
-        been without a connection, or without an answer, for a session timeout counted from
-        when that began or from ``start``, whichever came later; else None.
+        :class:`~celery_zklock.zk.calls.Deadline` (``functools.partial(context.outage,
+        start)``): a reason once the client has been without a connection, or without an
+        answer, for a session timeout counted from when that began or from ``start``,
+        whichever came later; else None.
 
         Why a session timeout: the server expires a session that long after it last heard of
         it, and with it the waiter's node, its place in the queue; and while nothing answers,
@@ -190,24 +191,20 @@ class ClientContext:
         flight (an ``exists`` of ``/``, one per client however many wait, sent ``T/3`` after
         the previous answered one), and an answer missing for ``T`` ends the wait too.
         """
-
-        def outage() -> str | None:
-            now = time.monotonic()
-            timeout = self.timing.session_timeout
-            since = self.disconnected_since
-            if since is not None:
-                if now - max(since, start) < timeout:
-                    return None
-                what = "no connection to"
-            else:
-                silent_since = self._probe(now) if now - start >= timeout / 3.0 else None
-                if silent_since is None or now - max(silent_since, start) < timeout:
-                    return None
-                what = "no answer from"
-            hosts = ",".join(f"{host}:{port}" for host, port in self.client.hosts)
-            return f"{what} ZooKeeper ({hosts}) for a session timeout ({timeout:g}s)"
-
-        return outage
+        now = time.monotonic()
+        timeout = self.timing.session_timeout
+        since = self.disconnected_since
+        if since is not None:
+            if now - max(since, start) < timeout:
+                return None
+            what = "no connection to"
+        else:
+            silent_since = self._probe(now) if now - start >= timeout / 3.0 else None
+            if silent_since is None or now - max(silent_since, start) < timeout:
+                return None
+            what = "no answer from"
+        hosts = ",".join(f"{host}:{port}" for host, port in self.client.hosts)
+        return f"{what} ZooKeeper ({hosts}) for a session timeout ({timeout:g}s)"
 
     def _probe(self, now: float) -> float | None:
         """Keep a liveness probe in flight (one per ``T/3``); while one is unanswered, return

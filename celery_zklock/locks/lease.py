@@ -157,26 +157,18 @@ class Lease(HeldLease):
         self._release = release
         self._released = False
         self._on_check_raises: Callable[[], None] | None = None
+        self.node: str = hold.node
+        self.path: str = hold.path
+        #: The access the lease holds (:data:`~celery_zklock.locks.contenders.Kind`).
+        self.kind: Kind = hold.ours.kind
 
     @property
     def token(self) -> int:
         return self._hold.ours.token
 
     @property
-    def node(self) -> str:
-        return self._hold.node
-
-    @property
-    def path(self) -> str:
-        return self._hold.path
-
-    @property
     def tokens(self) -> dict[str, int]:
         return {self._hold.path: self._hold.ours.token}
-
-    @property
-    def kind(self) -> Kind:
-        return self._hold.ours.kind
 
     @property
     def released(self) -> bool:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Literal, overload
 from uuid import uuid4
 
@@ -188,7 +189,7 @@ class Mutex:
         other holders, which then waits for answers). A ``cancel`` that returns true ends
         both."""
         context = self._context
-        outage: Outage | None = context.outage(time.monotonic())
+        outage: Outage | None = partial(context.outage, time.monotonic())
         if cancel is not None:
             outage = _or_cancelled(outage, cancel)
         if timeout is None:

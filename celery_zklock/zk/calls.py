@@ -73,12 +73,14 @@ def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
     Waits with ``wait`` and never with ``get(timeout=...)``: the gevent handler's ``get``
     raises ``gevent.Timeout`` on its own timeout, which cannot be told apart from a timeout
     the gevent pool throws into the task (its time limit) and must not be swallowed.
-    Exceptions the request failed with propagate unchanged.
+    Exceptions the request failed with propagate unchanged. The deadline is looked at after
+    each slice (a passed one gives a slice of 0 s), so an answer that comes within the first
+    costs no look at it.
     """
     while not result.ready():
-        if deadline.expired():
-            raise ZooKeeperUnavailable(deadline.why(what))
         result.wait(wait_slice(deadline))
+        if not result.ready() and deadline.expired():
+            raise ZooKeeperUnavailable(deadline.why(what))
     return result.get()
 
 
