@@ -27,7 +27,7 @@ from kazoo.exceptions import (
 from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
 from celery_zklock.locks.breaks import DELETED
 from celery_zklock.locks.contenders import MUTEX, PROTECTED_PREFIX, Kind, LockKind
-from celery_zklock.locks.context import ClientContext, context_for
+from celery_zklock.locks.context import ClientContext
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.queue import ContenderQueue, SessionGone
 from celery_zklock.zk.calls import Deadline, Outage
@@ -62,8 +62,8 @@ class Mutex:
     """
 
     def __init__(self, client: KazooClient, path: str, *, kind: LockKind = MUTEX) -> None:
-        self._context: ClientContext = context_for(client)
-        self._queue = ContenderQueue(self._context, path, kind)
+        self._queue = ContenderQueue(client, path, kind)
+        self._context: ClientContext = self._queue.context
         #: The lock's path.
         self.path: str = self._queue.path
         #: The access its contenders ask for (:data:`~celery_zklock.locks.contenders.Kind`).

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, Final, NamedTuple
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
@@ -72,7 +73,7 @@ from celery_zklock.locks.contenders import (
     queue_of,
     read_contender,
 )
-from celery_zklock.locks.context import ClientContext
+from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.zk import adapter
 from celery_zklock.zk.calls import Deadline, synced_children, wait_result, wait_slice
 
@@ -112,12 +113,11 @@ def validate_lock_path(path: str) -> str:
 
 
 class ContenderQueue:
-    """The queue of contender nodes under one lock path, for one lock kind."""
+    """The queue of contender nodes under one lock path of ``client``, for one lock kind."""
 
-    def __init__(self, context: ClientContext, path: str, kind: LockKind) -> None:
-        self.context = context
-        #: The context's client, held by the queue (and so by its lock) while it lives.
-        self.client: Any = context.client
+    def __init__(self, client: KazooClient, path: str, kind: LockKind) -> None:
+        self.context: ClientContext = context_for(client)
+        self.client = client
         self.path = validate_lock_path(path)
         self.lock_kind = kind
 
