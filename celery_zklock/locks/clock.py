@@ -59,7 +59,6 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kazoo.client import KazooClient
@@ -79,43 +78,45 @@ MIN_SESSION_TIMEOUT = 1.0
 _ON_TIME = 1.25
 
 
-@dataclass(frozen=True)
 class LeaseTiming:
-    """The lease clock's numbers for one negotiated session timeout ``session_timeout`` (s)."""
+    """The lease clock's numbers for one negotiated session timeout ``session_timeout`` (s),
+    worked out once, when it is made (they depend on nothing else).
 
-    session_timeout: float
+    Attributes:
+        renew_interval: ``R``, seconds between renewals (``sync``) while leases are held.
+        idle_gap: the longest time kazoo stays silent on a connection: it pings after ``T/3``.
+        leader_lag: upper bound of ``tickTime/2``, the delay of a follower's report to the
+            leader.
+        margin: time left to interrupt the body between loss on our side and expiry on the
+            leader.
+        steady_after: how long renewals must have run before an answer may use the renewal
+            gap.
+        dead_node_lifetime: upper bound on how long the node of a dead holder can live
+            (seconds): ``T`` rounded up to the server's tick (``tick <= T/2``) plus a second
+            for the expiry to be applied.
+    """
 
-    @property
-    def renew_interval(self) -> float:
-        """``R``: seconds between renewals (``sync``) while leases are held."""
-        return self.session_timeout / 8.0
-
-    @property
-    def idle_gap(self) -> float:
-        """Longest time kazoo stays silent on a connection: it pings after ``T/3``."""
-        return self.session_timeout / 3.0
-
-    @property
-    def leader_lag(self) -> float:
-        """Upper bound of ``tickTime/2``, the delay of a follower's report to the leader."""
-        return self.session_timeout / 4.0
-
-    @property
-    def margin(self) -> float:
-        """Time left to interrupt the body between loss on our side and expiry on the leader."""
-        return max(MIN_MARGIN, self.session_timeout / 10.0)
-
-    @property
-    def steady_after(self) -> float:
-        """How long renewals must have run before an answer may use the renewal gap."""
-        return self.leader_lag + self.renew_interval
+    def __init__(self, session_timeout: float) -> None:
+        self.session_timeout = session_timeout
+        self.renew_interval = session_timeout / 8.0
+        self.idle_gap = session_timeout / 3.0
+        self.leader_lag = session_timeout / 4.0
+        self.margin = max(MIN_MARGIN, session_timeout / 10.0)
+        self.steady_after = self.leader_lag + self.renew_interval
+        self.dead_node_lifetime = 1.5 * session_timeout + 1.0
+        # What valid_until adds to the send time, before and once renewals run steadily.
+        common = session_timeout - self.leader_lag - self.margin
+        self._fresh_validity = common - self.idle_gap
+        self._steady_validity = common - self.renew_interval
 
     def valid_until(self, sent_at: float, *, renewing_since: float | None) -> float:
         """Until when (monotonic s) leases are safe, from an answer to a request sent at
-        ``sent_at`` that reached the leader; ``renewing_since`` is when renewals started."""
-        steady = renewing_since is not None and renewing_since <= sent_at - self.steady_after
-        gap = self.renew_interval if steady else self.idle_gap
-        return sent_at + self.session_timeout - gap - self.leader_lag - self.margin
+        ``sent_at`` that reached the leader; ``renewing_since`` is when renewals started:
+        ``sent_at + T - gap - leader_lag - margin``, the gap ``R`` once renewals have run for
+        ``steady_after``, else ``idle_gap``."""
+        if renewing_since is not None and renewing_since <= sent_at - self.steady_after:
+            return sent_at + self._steady_validity
+        return sent_at + self._fresh_validity
 
     def check(self) -> None:
         """Raise ConfigurationError if leases cannot be kept safely under this timeout."""
@@ -126,12 +127,6 @@ class LeaseTiming:
                 "lost: ask for a longer one (zklock_session_timeout, or the kazoo client's "
                 "timeout) or raise the server's minSessionTimeout"
             )
-
-    @property
-    def dead_node_lifetime(self) -> float:
-        """Upper bound on how long the node of a dead holder can live (seconds): ``T`` rounded
-        up to the server's tick (``tick <= T/2``) plus a second for the expiry to be applied."""
-        return 1.5 * self.session_timeout + 1.0
 
 
 @functools.lru_cache(maxsize=64)
@@ -214,6 +209,17 @@ class LeaseClock:
     def valid_until(self) -> float:
         """Until when (monotonic seconds) this client's leases are safe."""
         return self._valid_until
+
+    def ensure_fresh(self, deadline: Deadline, what: str) -> None:
+        """Before a lease is handed out: make sure the clock has a renewal's worth left (one
+        ``sync`` if not); ZooKeeperUnavailable if the leader did not confirm the session in
+        time to grant ``what`` (a lock path)."""
+        if self._valid_until - time.monotonic() < self._session.timing.renew_interval:
+            self.renew(deadline)
+        if self._valid_until <= time.monotonic():
+            raise ZooKeeperUnavailable(
+                f"the ZooKeeper leader did not confirm the session in time to grant {what}"
+            )
 
     def renew(self, deadline: Deadline) -> None:
         """Send one ``sync`` and wait for its answer (it moves the clock forward)."""

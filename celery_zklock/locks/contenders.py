@@ -207,6 +207,10 @@ class Decision:
     watch: str | None = None
 
 
+HOLDS: Final = Decision(True)
+"""The decision of a contender at the head of the queue, which holds whatever the lock kind."""
+
+
 def exclusive_decision(queue: Sequence[Contender], ours: int) -> Decision:
     """Exclusive (mutex, write) predicate: blocked by any lower node; watch the one just before."""
     if ours == 0:

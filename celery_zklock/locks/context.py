@@ -37,9 +37,9 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from celery_zklock.errors import LossCode, ZooKeeperUnavailable
-from celery_zklock.locks.clock import LeaseClock, LeaseTiming, timing_for
+from celery_zklock.locks.clock import MIN_SESSION_TIMEOUT, LeaseClock, LeaseTiming, timing_for
 from celery_zklock.zk import adapter
-from celery_zklock.zk.calls import Deadline, Outage, wait_slice
+from celery_zklock.zk.calls import Deadline, wait_slice
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -80,6 +80,9 @@ class ClientContext:
         #: sent, and when the one in flight was (None: none in flight).
         self._answered_probe = time.monotonic()
         self._probe_in_flight: float | None = None
+        self.timing: LeaseTiming
+        self.lease_ready: bool
+        self._read_timing(client)
         self.clock = LeaseClock(client, self, self.lock, self.watch_refs)
         #: The client's orphan purge, once one was needed (set by the queue under ``lock``).
         self.orphans: Resumable | None = None
@@ -92,17 +95,11 @@ class ClientContext:
             raise ZooKeeperUnavailable("the kazoo client of this lock was garbage-collected")
         return client
 
-    @property
-    def epoch(self) -> int:
-        """Incremented each time the session is lost (the lease clock's): lets a caller see
-        "the session changed"."""
-        return self.clock.epoch
-
     # -- the session ----------------------------------------------------------------------
     def session_id(self) -> int | None:
         """The current session id, or None while not connected."""
-        client = self.client
-        if client.state != KazooState.CONNECTED:
+        client = self._client_ref()
+        if client is None or client.state != KazooState.CONNECTED:
             return None
         client_id = client.client_id
         return int(client_id[0]) if client_id else None
@@ -110,18 +107,25 @@ class ClientContext:
     @property
     def session_timeout(self) -> float:
         """The negotiated session timeout in seconds (the requested one until it is known)."""
-        negotiated = adapter.negotiated_timeout(self.client)
-        return negotiated if negotiated is not None else adapter.requested_timeout(self.client)
+        return self.timing.session_timeout
 
-    @property
-    def timing(self) -> LeaseTiming:
-        return timing_for(self.session_timeout)
+    def _read_timing(self, client: KazooClient) -> None:
+        """Set :attr:`timing` (the numbers of the session timeout: the negotiated one, the
+        requested one until it is known) and :attr:`lease_ready` (the negotiated one is known
+        and long enough: see :meth:`ensure_timeout_known`). Read at every state kazoo reports:
+        the negotiated timeout changes only with a handshake, which is recorded before kazoo
+        reports CONNECTED, and before any answer on the new connection."""
+        negotiated = adapter.negotiated_timeout(client)
+        timeout = negotiated if negotiated is not None else adapter.requested_timeout(client)
+        self.timing = timing_for(timeout)
+        self.lease_ready = negotiated is not None and timeout >= MIN_SESSION_TIMEOUT
 
     def check_usable(self) -> None:
         """Raise :class:`ZooKeeperUnavailable` at once for a client that cannot send at all:
-        not started, stopped or closed, or whose connection loop gave up for good."""
-        client = self.client
-        if adapter.is_closed(client):
+        not started, stopped or closed (or garbage-collected), or whose connection loop gave up
+        for good."""
+        client = self._client_ref()
+        if client is None or adapter.is_closed(client):
             raise ZooKeeperUnavailable(
                 "the kazoo client is not started, or was stopped or closed: call "
                 "client.start() before using a lock (and do not use it after client.stop())"
@@ -144,6 +148,7 @@ class ClientContext:
         """
         client = self.client
         if adapter.negotiated_timeout(client) is not None:
+            self._read_timing(client)
             self.timing.check()
             return
         event = self.handler.event_object()
@@ -165,13 +170,15 @@ class ClientContext:
                     )
                 event.wait(wait_slice(deadline))
                 event.clear()
+        self._read_timing(client)
         self.timing.check()
 
-    def outage(self, start: float) -> Outage:
+    def outage(self, start: float) -> str | None:
         """The outage check of a wait that began at ``start`` (monotonic s), for its
-        :class:`~celery_zklock.zk.calls.Deadline`: it names a reason once the client has
-        been without a connection, or without an answer, for a session timeout counted from
-        when that began or from ``start``, whichever came later; else None.
+        :class:`~celery_zklock.zk.calls.Deadline` (``functools.partial(context.outage,
+        start)``): a reason once the client has been without a connection, or without an
+        answer, for a session timeout counted from when that began or from ``start``,
+        whichever came later; else None.
 
         Why a session timeout: the server expires a session that long after it last heard of
         it, and with it the waiter's node, its place in the queue; and while nothing answers,
@@ -184,24 +191,20 @@ class ClientContext:
         flight (an ``exists`` of ``/``, one per client however many wait, sent ``T/3`` after
         the previous answered one), and an answer missing for ``T`` ends the wait too.
         """
-
-        def outage() -> str | None:
-            now = time.monotonic()
-            timeout = self.session_timeout
-            since = self.disconnected_since
-            if since is not None:
-                if now - max(since, start) < timeout:
-                    return None
-                what = "no connection to"
-            else:
-                silent_since = self._probe(now) if now - start >= timeout / 3.0 else None
-                if silent_since is None or now - max(silent_since, start) < timeout:
-                    return None
-                what = "no answer from"
-            hosts = ",".join(f"{host}:{port}" for host, port in self.client.hosts)
-            return f"{what} ZooKeeper ({hosts}) for a session timeout ({timeout:g}s)"
-
-        return outage
+        now = time.monotonic()
+        timeout = self.timing.session_timeout
+        since = self.disconnected_since
+        if since is not None:
+            if now - max(since, start) < timeout:
+                return None
+            what = "no connection to"
+        else:
+            silent_since = self._probe(now) if now - start >= timeout / 3.0 else None
+            if silent_since is None or now - max(silent_since, start) < timeout:
+                return None
+            what = "no answer from"
+        hosts = ",".join(f"{host}:{port}" for host, port in self.client.hosts)
+        return f"{what} ZooKeeper ({hosts}) for a session timeout ({timeout:g}s)"
 
     def _probe(self, now: float) -> float | None:
         """Keep a liveness probe in flight (one per ``T/3``); while one is unanswered, return
@@ -260,6 +263,9 @@ class ClientContext:
 
     # -- kazoo's states -------------------------------------------------------------------
     def _on_state(self, state: str) -> bool:
+        client = self._client_ref()
+        if client is not None:
+            self._read_timing(client)
         with self.lock:
             self.state_changes += 1
             if state == KazooState.CONNECTED:

@@ -52,7 +52,9 @@ def identity(task: Any, request: Any = None, generation: int | None = None) -> b
     retries = int(request.retries or 0)
     if generation is not None:
         end = f',"generation":{int(generation)}{end}'
-    return f'{{"task_id":{_json(request.id)}{middle}{retries}{end}'.encode()
+    task_id = request.id  # as _json does, without the call: once per run
+    task_id = encode_basestring_ascii(task_id) if isinstance(task_id, str) else json.dumps(task_id)
+    return f'{{"task_id":{task_id}{middle}{retries}{end}'.encode()
 
 
 _identity_parts: dict[tuple[Any, Any], tuple[str, str]] = {}

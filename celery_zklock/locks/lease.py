@@ -43,7 +43,8 @@ class Hold:
     front end counts acquires and releases on it, and the client's lease clock
     (:class:`~celery_zklock.locks.clock.LeaseClock`) records its loss (:meth:`record_lost`,
     :meth:`tell_lost`) when the session behind the node may be gone or its node was broken. A
-    loss is a :class:`~celery_zklock.errors.LossCode` and a text.
+    loss is a :class:`~celery_zklock.errors.LossCode` and a text. Its leases add and remove
+    the callbacks run then (``callbacks``, under ``lock``).
     """
 
     def __init__(self, clock: Clock, path: str, ours: Contender, epoch: int, thread_id: int):
@@ -56,8 +57,8 @@ class Hold:
         self.count = 1
         self.lost_reason: str | None = None
         self.lost_code: LossCode | None = None
-        self._callbacks: list[LostCallback] = []
-        self._lock = threading.Lock()
+        self.callbacks: list[LostCallback] = []
+        self.lock = threading.Lock()
 
     def mark_lost(self, code: LossCode, reason: str) -> None:
         """Record that the lock may be held by someone else now; run the lost callbacks once."""
@@ -68,12 +69,12 @@ class Hold:
         None if it was recorded before. Runs no callback, so the clock may call it under its own
         lock: the loss is then recorded before any other thread can find the lease gone from
         the clock."""
-        with self._lock:
+        with self.lock:
             if self.lost_reason is not None:
                 return None
             self.lost_code = code
             self.lost_reason = reason
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks, self.callbacks = self.callbacks, []
         return callbacks
 
     def tell_lost(self, reason: str, callbacks: list[LostCallback] | None) -> None:
@@ -88,19 +89,6 @@ class Hold:
                 callback(reason)
             except Exception:
                 logger.exception("lock-lost callback failed for %s", self.node)
-
-    def on_lost(self, callback: LostCallback) -> None:
-        with self._lock:
-            if self.lost_reason is None:
-                self._callbacks.append(callback)
-                return
-            reason = self.lost_reason
-        callback(reason)
-
-    def remove_callback(self, callback: LostCallback) -> None:
-        with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
 
 
 class HeldLease(Protocol):
@@ -169,26 +157,18 @@ class Lease(HeldLease):
         self._release = release
         self._released = False
         self._on_check_raises: Callable[[], None] | None = None
+        self.node: str = hold.node
+        self.path: str = hold.path
+        #: The access the lease holds (:data:`~celery_zklock.locks.contenders.Kind`).
+        self.kind: Kind = hold.ours.kind
 
     @property
     def token(self) -> int:
         return self._hold.ours.token
 
     @property
-    def node(self) -> str:
-        return self._hold.node
-
-    @property
-    def path(self) -> str:
-        return self._hold.path
-
-    @property
     def tokens(self) -> dict[str, int]:
         return {self._hold.path: self._hold.ours.token}
-
-    @property
-    def kind(self) -> Kind:
-        return self._hold.ours.kind
 
     @property
     def released(self) -> bool:
@@ -236,8 +216,12 @@ class Lease(HeldLease):
         return max(0.0, self._hold.clock.valid_until() - time.monotonic())
 
     def check(self) -> None:
-        """Raise :class:`LockLost` if the lease was lost; for code that checks at safe points."""
-        if self.lost:
+        """Raise :class:`LockLost` if the lease was lost (as :attr:`lost` tells); for code that
+        checks at safe points."""
+        hold = self._hold
+        if hold.lost_reason is None and not self._released:
+            hold.clock.expire_if_due()
+        if hold.lost_reason is not None:
             hook = self._on_check_raises
             if hook is not None:
                 hook()
@@ -260,10 +244,19 @@ class Lease(HeldLease):
         Callbacks run on the thread that detects the loss (the lease clock's renewer or kazoo's
         event thread): keep them short and non-blocking.
         """
-        self._hold.on_lost(callback)
+        hold = self._hold
+        with hold.lock:
+            if hold.lost_reason is None:
+                hold.callbacks.append(callback)
+                return
+            reason = hold.lost_reason
+        callback(reason)
 
     def remove_on_lost(self, callback: LostCallback) -> None:
-        self._hold.remove_callback(callback)
+        hold = self._hold
+        with hold.lock:
+            if callback in hold.callbacks:
+                hold.callbacks.remove(callback)
 
     def release(self) -> None:
         """Release the lease. Idempotent; never deletes another contender's node.

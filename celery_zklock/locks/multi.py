@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -213,7 +214,7 @@ class MultiLock:
         remaining = deadline.remaining()
         io = Deadline(
             None if remaining is None else max(remaining, context.timing.idle_gap),
-            context.outage(time.monotonic()),
+            partial(context.outage, time.monotonic()),
         )
         what = f"confirming the locks of {', '.join(self.paths)}"
         try:

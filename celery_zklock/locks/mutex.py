@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Literal, overload
 from uuid import uuid4
 
@@ -25,8 +26,8 @@ from kazoo.exceptions import (
 
 from celery_zklock.errors import LossCode, ZkLockError, ZooKeeperUnavailable
 from celery_zklock.locks.breaks import DELETED
-from celery_zklock.locks.contenders import MUTEX, Kind, LockKind, protected_prefix
-from celery_zklock.locks.context import ClientContext, context_for
+from celery_zklock.locks.contenders import MUTEX, PROTECTED_PREFIX, Kind, LockKind
+from celery_zklock.locks.context import ClientContext
 from celery_zklock.locks.lease import Hold, Lease
 from celery_zklock.locks.queue import ContenderQueue, SessionGone
 from celery_zklock.zk.calls import Deadline, Outage
@@ -61,17 +62,12 @@ class Mutex:
     """
 
     def __init__(self, client: KazooClient, path: str, *, kind: LockKind = MUTEX) -> None:
-        self._context: ClientContext = context_for(client)
-        self._queue = ContenderQueue(self._context, path, kind)
-
-    @property
-    def path(self) -> str:
-        return self._queue.path
-
-    @property
-    def kind(self) -> Kind:
-        """The access its contenders ask for (:data:`~celery_zklock.locks.contenders.Kind`)."""
-        return self._queue.lock_kind.kind
+        self._queue = ContenderQueue(client, path, kind)
+        self._context: ClientContext = self._queue.context
+        #: The lock's path.
+        self.path: str = self._queue.path
+        #: The access its contenders ask for (:data:`~celery_zklock.locks.contenders.Kind`).
+        self.kind: Kind = kind.kind
 
     @property
     def session_timeout(self) -> float:
@@ -155,12 +151,16 @@ class Mutex:
         context = self._context
         context.check_usable()
         thread_id = threading.get_ident()
-        reentered = self._reenter(thread_id)
-        if reentered is not None:
-            return Lease(reentered, self._release)
+        # Only this thread adds its own key: if it is not there, no look under the lock can
+        # find it.
+        if (self.path, thread_id) in context.owned:
+            reentered = self._reenter(thread_id)
+            if reentered is not None:
+                return Lease(reentered, self._release)
         wait, io = self._deadlines(blocking, timeout, cancel)
         try:
-            context.ensure_timeout_known(io)
+            if not context.lease_ready:
+                context.ensure_timeout_known(io)
             hold = self._acquire_node(blocking, wait, io, thread_id, data)
         except ConnectionClosedError as exc:
             raise ZooKeeperUnavailable(
@@ -189,10 +189,15 @@ class Mutex:
         other holders, which then waits for answers). A ``cancel`` that returns true ends
         both."""
         context = self._context
-        outage = _or_cancelled(context.outage(time.monotonic()), cancel)
+        outage: Outage | None = partial(context.outage, time.monotonic())
+        if cancel is not None:
+            outage = _or_cancelled(outage, cancel)
         if timeout is None:
+            if not blocking:  # a try-lock never waits for other holders: one deadline
+                io = Deadline(context.timing.session_timeout, outage)
+                return io, io
             wait = Deadline(None, outage)
-            return wait, (wait if blocking else Deadline(context.session_timeout, outage))
+            return wait, wait
         cancelled = _or_cancelled(None, cancel)
         return (
             Deadline(timeout, cancelled),
@@ -224,12 +229,13 @@ class Mutex:
     ) -> Hold | None:
         queue, context = self._queue, self._context
         while True:
-            prefix = protected_prefix(str(uuid4()))
+            prefix = f"{PROTECTED_PREFIX}{uuid4()}-"  # Curator's protected name (protected_prefix)
             try:
                 created = queue.enqueue(prefix, io, data)
                 granted = queue.await_grant(created, blocking, wait, io)
                 if granted:
-                    self._ensure_fresh(io)
+                    # Handed out only under a clock with a renewal's worth left.
+                    context.clock.ensure_fresh(io, self.path)
             except SessionGone:
                 continue
             except BaseException:
@@ -240,18 +246,10 @@ class Mutex:
             if not granted:
                 queue.discard(f"{self.path}/{created.ours.name}")
                 return None
-            ours = replace(created.ours, kind=self.kind)  # a semaphore's: "lease", not "write"
+            ours = created.ours
+            if ours.kind != self.kind:  # a semaphore's: "lease", not "write"
+                ours = replace(ours, kind=self.kind)
             return Hold(context.clock, self.path, ours, created.epoch, thread_id)
-
-    def _ensure_fresh(self, io: Deadline) -> None:
-        """Before handing out a lease: make sure the lease clock has a renewal's worth left."""
-        context, clock = self._context, self._context.clock
-        if clock.valid_until() - time.monotonic() < context.timing.renew_interval:
-            clock.renew(io)
-        if clock.valid_until() <= time.monotonic():
-            raise ZooKeeperUnavailable(
-                f"the ZooKeeper leader did not confirm the session in time to grant {self.path}"
-            )
 
     def _release(self, hold: Hold) -> None:
         """Drop one reentrant count of ``hold``; at zero give the verdict and delete its node."""
@@ -265,7 +263,7 @@ class Mutex:
                 del context.owned[key]
         context.clock.untrack(hold)
         session_id = context.session_id()
-        if context.epoch != hold.epoch or session_id not in (hold.ours.session, None):
+        if context.clock.epoch != hold.epoch or session_id not in (hold.ours.session, None):
             hold.mark_lost(
                 LossCode.SESSION_EXPIRED,
                 "the ZooKeeper session that created the lock node ended before release",

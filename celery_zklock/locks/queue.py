@@ -46,9 +46,9 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
@@ -63,6 +63,7 @@ from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
 from celery_zklock.locks.contenders import (
+    HOLDS,
     Contender,
     LockKind,
     decide,
@@ -72,7 +73,7 @@ from celery_zklock.locks.contenders import (
     queue_of,
     read_contender,
 )
-from celery_zklock.locks.context import ClientContext
+from celery_zklock.locks.context import ClientContext, context_for
 from celery_zklock.zk import adapter
 from celery_zklock.zk.calls import Deadline, synced_children, wait_result, wait_slice
 
@@ -82,8 +83,7 @@ logger = logging.getLogger("celery_zklock.locks")
 PARTICIPANTS_TIMEOUT: Final = 5.0
 
 
-@dataclass
-class Created:
+class Created(NamedTuple):
     """Our contender node, just created: its record (name, fencing token, session), the
     client's connection epoch then, and the queue as listed after it."""
 
@@ -104,7 +104,8 @@ def validate_lock_path(path: str) -> str:
         )
     if path.endswith("/") or "//" in path:
         raise ValueError(f"lock path {path!r} has an empty segment: remove the extra '/'")
-    if any(part in (".", "..") for part in path.split("/")):
+    segments = f"{path}/"  # a '.' or '..' segment is then always between two slashes
+    if "/./" in segments or "/../" in segments:
         raise ValueError(
             f"lock path {path!r} contains '.' or '..' segments, which ZooKeeper refuses"
         )
@@ -112,16 +113,13 @@ def validate_lock_path(path: str) -> str:
 
 
 class ContenderQueue:
-    """The queue of contender nodes under one lock path, for one lock kind."""
+    """The queue of contender nodes under one lock path of ``client``, for one lock kind."""
 
-    def __init__(self, context: ClientContext, path: str, kind: LockKind) -> None:
-        self.context = context
+    def __init__(self, client: KazooClient, path: str, kind: LockKind) -> None:
+        self.context: ClientContext = context_for(client)
+        self.client = client
         self.path = validate_lock_path(path)
         self.lock_kind = kind
-
-    @property
-    def client(self) -> Any:
-        return self.context.client
 
     # -- create ----------------------------------------------------------------------------
     def enqueue(self, prefix: str, io: Deadline, data: bytes) -> Created:
@@ -133,7 +131,7 @@ class ContenderQueue:
             if session_id is None:
                 context.await_connected(io, f"creating a contender under {self.path}")
                 continue
-            epoch = context.epoch
+            epoch = context.clock.epoch
             sent_at = time.monotonic()
             node_path = f"{self.path}/{prefix}{self.lock_kind.marker}"
             if parent_known:
@@ -154,15 +152,19 @@ class ContenderQueue:
                 else:
                     full_path, token = adapter.created_with_parent(answer)
                 path = client.unchroot(full_path)
+                parsed = parse_child(path.rsplit("/", 1)[1])
+                assert parsed is not None  # a name we made
                 if token is None:
                     token = self._czxid(path, io)
                 if limit_read is not None:
                     self._agree_on_limit(prefix, wait_result(limit_read, io, what), io)
+                children: list[str] | None = None  # None: ours is the only contender
                 if listing is not None:
                     children = wait_result(listing, io, what)
-                elif _first_child_ever(path):
-                    children = [path.rsplit("/", 1)[1]]
-                else:
+                elif parsed.seq != 0:
+                    # Not sequence 0, the first child ever made under the parent (ZooKeeper
+                    # numbers children by the parent's count of child changes): others may be
+                    # ahead of ours.
                     children = wait_result(client.get_children_async(self.path), io, what)
             except NoNodeError:
                 self._make_parents(io)
@@ -190,10 +192,8 @@ class ContenderQueue:
                 self.abandon_later(prefix)
                 raise SessionGone()
             context.remember_parent(self.path, True)
-            ours = parse_child(path.rsplit("/", 1)[1])
-            assert ours is not None  # a name we made
-            ours = replace(ours, token=token, session=session_id)
-            return Created(ours, epoch, queue_of(children))
+            ours = Contender(parsed.seq, parsed.name, parsed.kind, token=token, session=session_id)
+            return Created(ours, epoch, [ours] if children is None else queue_of(children))
 
     def _czxid(self, path: str, io: Deadline) -> int:
         """The czxid of our node at ``path`` (read; SessionGone if it is not there)."""
@@ -250,7 +250,7 @@ class ContenderQueue:
         if current is None:
             self.context.await_connected(io, f"confirming our contender under {self.path}")
             current = self.context.session_id()
-        return current == session_id and epoch == self.context.epoch
+        return current == session_id and epoch == self.context.clock.epoch
 
     def _find_ours(self, prefix: str, io: Deadline) -> Created | None:
         """After a connection loss during our create: find our node by its uuid, if it exists.
@@ -267,7 +267,7 @@ class ContenderQueue:
 
         while True:
             context.await_connected(io, what)
-            session_id, epoch = context.session_id(), context.epoch
+            session_id, epoch = context.session_id(), context.clock.epoch
             if session_id is None:
                 continue
             try:
@@ -295,10 +295,13 @@ class ContenderQueue:
         kind, name = self.lock_kind, created.ours.name
         queue = created.queue
         while True:
-            try:
-                decision = decide(queue, name, kind.kind, kind.limit)
-            except LookupError:
-                raise SessionGone() from None
+            if queue and queue[0].name == name:
+                decision = HOLDS  # the head of the queue holds, whatever the lock kind
+            else:
+                try:
+                    decision = decide(queue, name, kind.kind, kind.limit)
+                except LookupError:
+                    raise SessionGone() from None
             if decision.holds:
                 if not self._same_session(created.ours.session, created.epoch, io):
                     raise SessionGone()
@@ -434,7 +437,7 @@ class ContenderQueue:
         context = self.context
         ambiguous = False
         while True:
-            epoch = context.epoch
+            epoch = context.clock.epoch
             sent_at = time.monotonic()
             try:
                 wait_result(self.client.delete_async(node), io, f"deleting {node}")
@@ -693,14 +696,6 @@ class OrphanPurge:
             if failed:
                 self._context.handler.sleep_func(backoff)
                 backoff = min(backoff * 2, self._context.timing.idle_gap)
-
-
-def _first_child_ever(path: str) -> bool:
-    """True if the node at ``path`` got sequence 0: no child was created under its parent
-    before it (ZooKeeper numbers children by the parent's count of child changes), so no
-    contender can come before it."""
-    contender = parse_child(path.rsplit("/", 1)[1])
-    return contender is not None and contender.seq == 0
 
 
 def make_containers(client: Any, path: str, io: Deadline) -> None:

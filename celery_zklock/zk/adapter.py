@@ -345,20 +345,17 @@ def create_node_async(client: Any, path: str, data: bytes) -> Any:
     return result
 
 
-class CreateWithParent:
+class CreateWithParent(tuple[CreateContainer, Create2]):
     """A ``multi`` (opcode 14) of ``createContainer`` for a parent and ``create2`` for a node
-    under it: both are made, or neither. Its answer is one entry per operation: ``(full path,
-    stat)``, or the exception of the operation that failed (the other one's is
-    ``RolledBackError``)."""
+    under it, made from the pair of them: both are made, or neither. Its answer is one entry per
+    operation: ``(full path, stat)``, or the exception of the operation that failed (the other
+    one's is ``RolledBackError``)."""
 
     type: ClassVar[int] = 14
 
-    def __init__(self, parent: CreateContainer, node: Create2) -> None:
-        self.operations = (parent, node)
-
     def serialize(self) -> bytearray:
         body = bytearray()
-        for operation in self.operations:
+        for operation in self:
             body.extend(MultiHeader(operation.type, False, -1).serialize())
             body.extend(operation.serialize())
         body.extend(multiheader_struct.pack(-1, True, -1))
@@ -394,8 +391,10 @@ def create_node_and_parent_async(client: Any, parent: str, path: str, data: byte
     acl = list(client.default_acl or OPEN_ACL_UNSAFE)
     chroot = client.chroot or ""
     request = CreateWithParent(
-        CreateContainer(chroot + parent, b"", acl, CONTAINER_FLAGS),
-        Create2(chroot + path, data, acl, EPHEMERAL_SEQUENTIAL_FLAGS),
+        (
+            CreateContainer(chroot + parent, b"", acl, CONTAINER_FLAGS),
+            Create2(chroot + path, data, acl, EPHEMERAL_SEQUENTIAL_FLAGS),
+        )
     )
     client._call(request, result)
     return result
@@ -412,11 +411,13 @@ def created_with_parent(answer: Any) -> tuple[str, int | None]:
     """
     if not isinstance(answer, list) or len(answer) != 2:
         raise TypeError(f"not an answer to CreateWithParent: {answer!r}")
-    failures = [entry for entry in answer if isinstance(entry, KazooException)]
-    if failures:  # the others are marked rolled back, or inconsistent after the failure
+    parent, node = answer
+    if isinstance(parent, KazooException) or isinstance(node, KazooException):
+        # The other is marked rolled back, or inconsistent after the failure.
+        failures = [entry for entry in answer if isinstance(entry, KazooException)]
         causes = [e for e in failures if not isinstance(e, _FOLLOW_ON_ERRORS)]
         raise (causes or failures)[0]
-    (_, parent_stat), (node_path, node_stat) = answer
+    (_, parent_stat), (node_path, node_stat) = parent, node
     stat = node_stat or parent_stat
     return node_path, (stat.czxid if stat is not None else None)
 

@@ -44,9 +44,10 @@ class Deadline:
         return None if self.at is None else max(0.0, self.at - time.monotonic())
 
     def expired(self) -> bool:
+        """True once the point in time passed, or the outage check names a reason."""
         if self.at is not None and time.monotonic() >= self.at:
             return True
-        return self.gave_up()
+        return self.outage is not None and self.outage() is not None
 
     def gave_up(self) -> bool:
         """True if the outage check names a reason now (whatever time is left)."""
@@ -62,8 +63,8 @@ class Deadline:
 def wait_slice(deadline: Deadline) -> float:
     """Wait in short slices: an exception thrown into this thread (PyThreadState_SetAsyncExc,
     as Celery's threads pool revocation does) is only delivered between blocking calls."""
-    remaining = deadline.remaining()
-    return WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+    at = deadline.at
+    return WAIT_SLICE if at is None else min(WAIT_SLICE, max(0.0, at - time.monotonic()))
 
 
 def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
@@ -72,12 +73,14 @@ def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
     Waits with ``wait`` and never with ``get(timeout=...)``: the gevent handler's ``get``
     raises ``gevent.Timeout`` on its own timeout, which cannot be told apart from a timeout
     the gevent pool throws into the task (its time limit) and must not be swallowed.
-    Exceptions the request failed with propagate unchanged.
+    Exceptions the request failed with propagate unchanged. The deadline is looked at after
+    each slice (a passed one gives a slice of 0 s), so an answer that comes within the first
+    costs no look at it.
     """
     while not result.ready():
-        if deadline.expired():
-            raise ZooKeeperUnavailable(deadline.why(what))
         result.wait(wait_slice(deadline))
+        if not result.ready() and deadline.expired():
+            raise ZooKeeperUnavailable(deadline.why(what))
     return result.get()
 
 

@@ -81,7 +81,7 @@ def test_abandon_syncs_right_before_its_listing(spy: SpyClient, lock_root: str) 
     """Before the fix: [("list", parent), ("delete", node)]."""
     parent = f"{lock_root}/k"
     node = _orphan(spy, parent)
-    ContenderQueue(context_for(spy), parent, MUTEX).abandon(PREFIX)
+    ContenderQueue(spy, parent, MUTEX).abandon(PREFIX)
     assert spy.calls == [("sync", parent), ("list", parent), ("delete", node)]
     assert spy.exists(node) is None
 
@@ -92,7 +92,7 @@ def test_abandon_does_not_trust_a_listing_whose_sync_failed(spy: SpyClient, lock
     node = _orphan(spy, parent)
     context = context_for(spy)
     spy.fail_syncs.set()
-    ContenderQueue(context, parent, MUTEX).abandon(PREFIX)
+    ContenderQueue(spy, parent, MUTEX).abandon(PREFIX)
     assert (parent, PREFIX) in OrphanPurge.of(context).pending()
     assert spy.exists(node) is not None
     spy.fail_syncs.clear()
