@@ -366,6 +366,15 @@ def gated_reader(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     return _section(self, key, "shared", hold_s)
 
 
+@app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    acks_late=True, reject_on_worker_lost=True,
+)  # fmt: skip
+def gated_stamp(self: Any, key: str) -> float:
+    """A ``wait`` no-op on :func:`gated_section`'s locks: when its body started."""
+    return time.time()
+
+
 @app.task(acks_late=True)
 def unlocked_noop() -> float:
     """Unrelated traffic: returns when it ran (this host's clock)."""

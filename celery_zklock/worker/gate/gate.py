@@ -41,6 +41,7 @@ The gate writes nothing into a task's result: a held call is seen through its
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -112,6 +113,11 @@ class Gate:
         back at the broker bound with a ``lock_timeout``: back here, their timeout goes on
         from the first arrival instead of starting again."""
         self._started = threading.Event()
+        self._wanting: list[tuple[float, str]] = []
+        """Heap of (its head's due, path) of the lines whose head waits only for a pool slot:
+        the first to get the slot a run frees (:meth:`_on_tick`)."""
+        self._wanting_paths: set[str] = set()
+        self._hub: Any = None
         # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
         # call_soon got a lock; before that (kombu 5.3) the gate's own inbox, read by _recheck.
         self._threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
@@ -143,6 +149,9 @@ class Gate:
         if self.client is None:
             threading.Thread(target=self._connect, name="zklock-gate-connect", daemon=True).start()
         self._entries.append(self.consumer.timer.call_repeatedly(RECHECK_EVERY, self._recheck))
+        self._hub = getattr(self.consumer, "hub", None)  # None: Celery's loop without a hub
+        if self._hub is not None:
+            self._hub.on_tick.add(self._on_tick)
 
     def stop(self) -> None:
         """The consumer stops: held messages go back to the broker in order where it allows
@@ -153,6 +162,9 @@ class Gate:
             entry.cancel()
         self._entries = []
         self._inbox.clear()
+        if self._hub is not None:
+            self._hub.on_tick.discard(self._on_tick)
+        self._wanting, self._wanting_paths = [], set()
         lines, self.lines, self.held = list(self.lines.values()), {}, 0
         for line in lines:
             for held in line.held:
@@ -331,13 +343,33 @@ class Gate:
 
     def _advance(self, line: KeyLine) -> None:
         line.forget_ended(_running)
-        # The pool's count (a sum over the lines) only for a line whose head could go.
-        while line.head_ready(time.time()) and self._pool_free() > 0:
+        now = time.time()
+        while line.head_ready(now):
+            if self._pool_free() <= 0:
+                self._want_slot(line)
+                break
             self._dispatch(line, line.held.popleft())
         if line.idle:
             self.lines.pop(line.path, None)
         elif line.held and line.queue is not None:
             self._name_holder(line)
+
+    def _want_slot(self, line: KeyLine) -> None:
+        if self._hub is not None and line.path not in self._wanting_paths:
+            self._wanting_paths.add(line.path)
+            heapq.heappush(self._wanting, (line.held[0].due, line.path))
+
+    def _on_tick(self) -> None:
+        """At each turn of the consumer's loop (after it handled what the pool returned): the
+        slots runs freed go to the lines waiting for one, first due first, at once rather
+        than at the next :meth:`_recheck`."""
+        wanting = self._wanting
+        while wanting and self._pool_free() > 0:
+            _, path = heapq.heappop(wanting)
+            self._wanting_paths.discard(path)
+            line = self.lines.get(path)
+            if line is not None and line.held:
+                self._advance(line)
 
     def _tell_held(self, line: KeyLine, held: Held) -> None:
         """The ``task-lock-waiting`` event for ``held``, naming the line's holder."""
