@@ -5,7 +5,7 @@ same plan, the same targets (a worker inside a section, found from the run's rec
 same records, with the fault made by Docker:
 
 - ``kill``: ``docker kill`` of the holder's worker container, then ``docker start``; every
-  section open in it is recorded as killed.
+  process of it that entered a section is recorded as killed (its open sections end killed).
 - ``pause``: ``docker pause`` of the holder's container (every process in it) until the server
   expired the holder's session, then ``docker unpause``; the sections open in it are recorded
   as paused (a forced loss, as with SIGSTOP).
@@ -87,20 +87,23 @@ class DockerFaultInjector(FaultInjector):
                 docker("start", container.id)
 
     def _record_container_deaths(self, container: Container, *, late: bool = False) -> None:
-        """Record every process with a section open in ``container`` as killed; ``late``: the
-        container was found stopped, not stopped by us just now."""
+        """Record every process of ``container`` that entered a section in this run as killed
+        (its open sections end killed); ``late``: the container was found stopped, not stopped
+        by us just now. Not only those with a section open: one whose body had just ended may
+        not have stored its result (the checker's ``died_before_its_ack``), as the holder a
+        ``kill`` picks often has (its lock node goes at its release, after its body's end)."""
         now = time.time()
-        for hostname, pid in self._open_in(container):
+        self._sections.refresh()
+        seen = (*self._sections.entered.values(), *self._sections.exited.values())
+        for hostname, pid in sorted(
+            {(e.hostname, e.pid) for e in seen if _in(container, e.hostname)}
+        ):
             self._recorder.record_kill(hostname, pid, now, late=late)
 
     def _open_in(self, container: Container) -> list[tuple[str, int]]:
         """(node name, pid) of every process with a section open in ``container``."""
         return sorted(
-            {
-                (e.hostname, e.pid)
-                for e in self._sections.refresh()
-                if e.hostname.rpartition("@")[2] == container.hostname
-            }
+            {(e.hostname, e.pid) for e in self._sections.refresh() if _in(container, e.hostname)}
         )
 
     # -- targets ------------------------------------------------------------------------
@@ -313,3 +316,8 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+def _in(container: Container, hostname: str) -> bool:
+    """Whether the worker named ``hostname`` (``name@host``) runs in ``container``."""
+    return hostname.rpartition("@")[2] == container.hostname
