@@ -45,9 +45,7 @@ class Deadline:
 
     def expired(self) -> bool:
         """True once the point in time passed, or the outage check names a reason."""
-        if self.at is not None and time.monotonic() >= self.at:
-            return True
-        return self.outage is not None and self.outage() is not None
+        return (self.at is not None and time.monotonic() >= self.at) or self.gave_up()
 
     def gave_up(self) -> bool:
         """True if the outage check names a reason now (whatever time is left)."""

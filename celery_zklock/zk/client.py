@@ -184,7 +184,7 @@ def get_client(config: ClientConfig) -> KazooClient:
                 "the ZooKeeper client of %s gave up its connection for good: replaced",
                 config.hosts,
             )
-            _stop_quietly(client)
+            stop_quietly(client)
             del _clients[config]
             client = None
         if client is None:
@@ -195,7 +195,7 @@ def get_client(config: ClientConfig) -> KazooClient:
                 try:
                     client.start(timeout=config.connect_timeout)
                 except Exception as exc:
-                    _stop_quietly(client)
+                    stop_quietly(client)
                     if config.sasl and refused.is_set():
                         raise ConfigurationError(_sasl_refused(config)) from exc
                     problem = tls_problem(config) if config.use_ssl else None
@@ -206,7 +206,7 @@ def get_client(config: ClientConfig) -> KazooClient:
                     try:
                         _check_sasl_login(client, config)
                     except BaseException:
-                        _stop_quietly(client)  # started, not cached: nothing else would stop it
+                        stop_quietly(client)  # started, not cached: nothing else would stop it
                         raise
             _clients[config] = client
         return client
@@ -245,12 +245,16 @@ def _check_sasl_login(client: KazooClient, config: ClientConfig) -> None:
         raise ConfigurationError(_sasl_refused(config)) from exc
 
 
-def _stop_quietly(client: KazooClient) -> None:
+def stop_quietly(
+    client: KazooClient, failed: str = "error stopping a client that did not connect"
+) -> None:
+    """Stop and close ``client``; an error doing so is only logged (``failed``, at debug level):
+    the client is being let go, and the caller has nothing useful to do with it."""
     try:
         client.stop()
         client.close()
     except Exception:
-        logger.debug("error stopping a client that did not connect", exc_info=True)
+        logger.debug(failed, exc_info=True)
 
 
 def tls_context(config: ClientConfig) -> ssl.SSLContext:
@@ -325,8 +329,4 @@ def close_clients() -> None:
         clients = list(_clients.values())
         _clients.clear()
     for client in clients:
-        try:
-            client.stop()
-            client.close()
-        except Exception:  # shutting down: nothing useful to do with the error
-            logger.debug("error closing ZooKeeper client", exc_info=True)
+        stop_quietly(client, "error closing ZooKeeper client")

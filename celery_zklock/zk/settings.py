@@ -150,7 +150,6 @@ def host_ports(hosts: str) -> list[tuple[str, int]]:
     not a number from 1 to 65535, a chroot that is not a znode path. kazoo would raise a bare
     ``ValueError`` at connect time for these, which reads as ZooKeeper being down.
     """
-    example = "e.g. 'zk1:2181,zk2:2181,zk3:2181'"
     scheme = _SCHEME.search(hosts)
     if scheme is not None:
         raise ConfigurationError(
@@ -179,7 +178,7 @@ def host_ports(hosts: str) -> list[tuple[str, int]]:
             raise ConfigurationError(
                 f"zklock_hosts (env ZKLOCK_HOSTS) {short_repr(hosts)}: the entry "
                 f"{short_repr(entry.strip())} is not valid ({problem}); give {HOSTS_FORMAT}, "
-                f"{example}"
+                "e.g. 'zk1:2181,zk2:2181,zk3:2181'"
             )
         assert parts.hostname is not None
         found.append((parts.hostname, port or DEFAULT_PORT))
@@ -278,12 +277,9 @@ def _auth(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
 
 def _sasl(conf: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     value = conf.get("zklock_sasl")
-    if value is None:
-        value = {
-            key: os.environ[f"ZKLOCK_SASL_{key.upper()}"]
-            for key in SASL_KEYS
-            if os.environ.get(f"ZKLOCK_SASL_{key.upper()}")
-        }
+    if value is None:  # one variable per key, ZKLOCK_SASL_<KEY>; an empty one is unset
+        from_env = ((key, os.environ.get(f"ZKLOCK_SASL_{key.upper()}")) for key in SASL_KEYS)
+        value = {key: text for key, text in from_env if text}
     if not isinstance(value, Mapping):
         raise ConfigurationError(
             f"zklock_sasl must be a dict such as {{'mechanism': 'DIGEST-MD5', 'username': "

@@ -21,6 +21,7 @@ from celery_zklock.errors import ConfigurationError
 __all__ = ["argument", "forbidden_in_znode", "positive_int", "seconds", "short_repr", "znode_path"]
 
 _T = TypeVar("_T")
+_N = TypeVar("_N", int, float)
 
 _repr = reprlib.Repr()
 _repr.maxstring = 80
@@ -108,10 +109,7 @@ def argument(check: Callable[..., _T], **options: Any) -> Callable[[str], _T]:
 def _float(value: object, text: bool) -> float | None:
     """``value`` as a float, or None if it is not a number (or, with ``text``, a numeral)."""
     if text and isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
+        return _numeral(float, value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
@@ -123,10 +121,13 @@ def _float(value: object, text: bool) -> float | None:
 def _int(value: object, text: bool) -> int | None:
     """``value`` as an int, or None if it is not a whole number (or, with ``text``, a numeral)."""
     if text and isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, int):
+        return _numeral(int, value)
+    return None if isinstance(value, bool) or not isinstance(value, int) else value
+
+
+def _numeral(kind: Callable[[str], _N], text: str) -> _N | None:
+    """``text`` (stripped) read by ``kind`` (``int`` or ``float``), or None if it is not one."""
+    try:
+        return kind(text.strip())
+    except ValueError:
         return None
-    return value
