@@ -113,11 +113,7 @@ class BreakWatches:
                 if since + renew_interval <= now  # as the renewal due time is computed
             ]
             for held in due:
-                del self._unwatched[held]
-                self._watched.add(held)
-                # A waiter of this client watching the same node must not remove the server's
-                # watch (one per session and path) when it stops waiting: count ours.
-                self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
+                self._watching_locked(held)
         for held in due:
             self._read(client, held)
 
@@ -147,7 +143,6 @@ class BreakWatches:
                 self._note(held, LossCode.NODE_DELETED, DELETED)
 
         def judge(result: Any) -> BaseException | None:
-            failure: BaseException
             try:
                 data, _ = result.get_nowait()
             except NoNodeError:
@@ -156,9 +151,8 @@ class BreakWatches:
                 self._note(held, LossCode.NODE_DELETED, DELETED)
                 return None
             except Exception as exc:  # not answered (connection loss)
-                failure = exc
                 if isinstance(exc, ConnectionClosedError):
-                    return failure  # the client is closing: the lease goes with it
+                    return exc  # the client is closing: the lease goes with it
                 logger.debug("break watch on %s not set", node, exc_info=True)
                 if watch:  # read again at the clock's next tick
                     with self._lock:
@@ -166,7 +160,7 @@ class BreakWatches:
                             self._watched.discard(held)
                             self._unref_watch_locked(node)
                             self._unwatched[held] = -math.inf
-                return failure
+                return exc
             reason = break_reason(data)
             if reason is not None:
                 self._note(held, LossCode.BROKEN, reason)
@@ -188,9 +182,7 @@ class BreakWatches:
             timed = [held for held in holds if held in self._timed]
             fresh = {held for held in timed if held in self._unwatched}
             for held in fresh:
-                del self._unwatched[held]
-                self._watched.add(held)
-                self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
+                self._watching_locked(held)
         reads = (self._send_read(client, held, watch=held in fresh) for held in timed)
         return [read for read in reads if read is not None]
 
@@ -228,6 +220,14 @@ class BreakWatches:
     def _is_watched(self, held: Hold) -> bool:
         with self._lock:
             return held in self._watched
+
+    def _watching_locked(self, held: Hold) -> None:
+        """``held``'s node gets our break watch now: it leaves the unwatched leases."""
+        del self._unwatched[held]
+        self._watched.add(held)
+        # A waiter of this client watching the same node must not remove the server's watch
+        # (one per session and path) when it stops waiting: count ours.
+        self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
 
     def _unref_watch_locked(self, node: str) -> None:
         """Drop our count on ``node``'s watch."""
