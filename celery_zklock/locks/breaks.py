@@ -143,6 +143,7 @@ class BreakWatches:
                 self._note(held, LossCode.NODE_DELETED, DELETED)
 
         def judge(result: Any) -> BaseException | None:
+            failure: BaseException
             try:
                 data, _ = result.get_nowait()
             except NoNodeError:
@@ -151,8 +152,9 @@ class BreakWatches:
                 self._note(held, LossCode.NODE_DELETED, DELETED)
                 return None
             except Exception as exc:  # not answered (connection loss)
+                failure = exc
                 if isinstance(exc, ConnectionClosedError):
-                    return exc  # the client is closing: the lease goes with it
+                    return failure  # the client is closing: the lease goes with it
                 logger.debug("break watch on %s not set", node, exc_info=True)
                 if watch:  # read again at the clock's next tick
                     with self._lock:
@@ -160,7 +162,7 @@ class BreakWatches:
                             self._watched.discard(held)
                             self._unref_watch_locked(node)
                             self._unwatched[held] = -math.inf
-                return exc
+                return failure
             reason = break_reason(data)
             if reason is not None:
                 self._note(held, LossCode.BROKEN, reason)
