@@ -113,11 +113,7 @@ class BreakWatches:
                 if since + renew_interval <= now  # as the renewal due time is computed
             ]
             for held in due:
-                del self._unwatched[held]
-                self._watched.add(held)
-                # A waiter of this client watching the same node must not remove the server's
-                # watch (one per session and path) when it stops waiting: count ours.
-                self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
+                self._watching_locked(held)
         for held in due:
             self._read(client, held)
 
@@ -188,9 +184,7 @@ class BreakWatches:
             timed = [held for held in holds if held in self._timed]
             fresh = {held for held in timed if held in self._unwatched}
             for held in fresh:
-                del self._unwatched[held]
-                self._watched.add(held)
-                self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
+                self._watching_locked(held)
         reads = (self._send_read(client, held, watch=held in fresh) for held in timed)
         return [read for read in reads if read is not None]
 
@@ -228,6 +222,14 @@ class BreakWatches:
     def _is_watched(self, held: Hold) -> bool:
         with self._lock:
             return held in self._watched
+
+    def _watching_locked(self, held: Hold) -> None:
+        """``held``'s node gets our break watch now: it leaves the unwatched leases."""
+        del self._unwatched[held]
+        self._watched.add(held)
+        # A waiter of this client watching the same node must not remove the server's watch
+        # (one per session and path) when it stops waiting: count ours.
+        self._watch_refs[held.node] = self._watch_refs.get(held.node, 0) + 1
 
     def _unref_watch_locked(self, node: str) -> None:
         """Drop our count on ``node``'s watch."""

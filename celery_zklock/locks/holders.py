@@ -37,12 +37,7 @@ from celery_zklock.locks.contenders import (
     holding,
     parse_limit,
 )
-from celery_zklock.locks.identity import (
-    Identity,
-    break_request,
-    parse_identity,
-    with_break_request,
-)
+from celery_zklock.locks.identity import Identity, break_request, parse_identity, with_break_request
 from celery_zklock.locks.queue import read_queues
 from celery_zklock.zk.calls import Deadline, wait_result
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Final, Literal
 
 from kazoo.client import KazooClient
@@ -35,6 +33,7 @@ from kazoo.client import KazooClient
 from celery_zklock.locks.contenders import LATCH
 from celery_zklock.locks.lease import Lease
 from celery_zklock.locks.mutex import Mutex
+from celery_zklock.zk.calls import Deadline
 
 logger = logging.getLogger("celery_zklock.locks")
 
@@ -94,8 +93,7 @@ class LeaderLatch:
     def is_leader(self) -> bool:
         """True while this participant leads: started, not closed, and its lease held, which is
         read from the lease clock (:attr:`Lease.held <celery_zklock.Lease.held>`)."""
-        lease = self._lease
-        return lease is not None and lease.held
+        return self.lease is not None
 
     @property
     def lease(self) -> Lease | None:
@@ -129,7 +127,7 @@ class LeaderLatch:
         """
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
             with self._lock:
                 if self._state != "started":
@@ -141,13 +139,9 @@ class LeaderLatch:
             with self._changed:
                 if self._version != version:
                     continue
-                if deadline is None:
-                    self._changed.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if deadline.expired():
                     return False
-                self._changed.wait(remaining)
+                self._changed.wait(deadline.remaining())
 
     def add_listener(self, listener: LeaderListener) -> None:
         """Call ``listener(True)`` each time this participant is elected and ``listener(False)``
@@ -183,12 +177,7 @@ class LeaderLatch:
             self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

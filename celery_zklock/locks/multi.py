@@ -128,8 +128,7 @@ class MultiLease(HeldLease):
 
     def release(self) -> None:
         """Release every lease (in the reverse order of their acquire). Idempotent."""
-        for lease in reversed(self.leases):
-            lease.release()
+        _release_all(self.leases)
 
     def __repr__(self) -> str:
         return f"MultiLease({self.tokens!r}, lost={self.lost})"

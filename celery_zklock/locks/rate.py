@@ -246,9 +246,7 @@ class RateLimit:
         """The ``ctime`` (ZooKeeper's clock, seconds since the epoch) of the admissions of the
         last period, oldest first, as seen now (for operators)."""
         nodes = self._nodes(Deadline(IO_TIMEOUT))
-        if not nodes:
-            return []
-        newest = max(a.ctime for a in nodes)
+        newest = max((a.ctime for a in nodes), default=0)
         return sorted(a.ctime / 1000.0 for a in nodes if a.ctime > newest - self.rate.period_ms)
 
     def sweep(self) -> float | None:
@@ -448,7 +446,4 @@ class Sweeper:
             logger.debug("rate sweep of %s failed: %r", path, exc)
             delay = SWEEP_RETRY
         if delay is not None:
-            with self._lock:
-                current = self._due.get(path)
-                due = time.monotonic() + delay
-                self._due[path] = (max(due, current[0]) if current else due, rate)
+            self.schedule(path, rate, delay)
