@@ -678,8 +678,8 @@ class TaskLockSpec:
 class LockedCall:
     """One call of a locked task, resolved once per process (:meth:`TaskLockSpec.resolve`):
     its options (the task's with the call's overrides), its lock paths (sorted; several for
-    a ``lock_key`` of several keys) and the lock kind of its mode. The gate, the run, dedupe
-    and the lookups start from it."""
+    a ``lock_key`` of several keys) and the lock kind of its mode. The gate and the run start
+    from it (the gate's paths reach the run: :data:`PATHS_FIELD`)."""
 
     options: LockOptions
     paths: tuple[str, ...]
