@@ -149,7 +149,7 @@ class Gate:
         if self.client is None:
             threading.Thread(target=self._connect, name="zklock-gate-connect", daemon=True).start()
         self._entries.append(self.consumer.timer.call_repeatedly(RECHECK_EVERY, self._recheck))
-        self._hub = getattr(self.consumer, "hub", None)  # None: Celery's loop without a hub
+        self._hub = getattr(self.consumer, "hub", None)  # None: a worker without kombu's loop
         if self._hub is not None:
             self._hub.on_tick.add(self._on_tick)
 
