@@ -645,13 +645,12 @@ class TaskLockSpec:
         root: str,
         args: Any,
         kwargs: Any,
-        overrides: Mapping[str, object] | None,
+        options: LockOptions,
         paths: tuple[str, ...] | None = None,
     ) -> LockedCall:
-        """One call resolved: its options, its lock paths (``paths`` when the caller has them
-        already, as the gate tells a run) and its lock kind. Raises what :meth:`for_call` and
-        :meth:`paths` raise."""
-        options = self.for_call(overrides)
+        """One call resolved: its ``options`` (:meth:`for_call`'s), its lock paths (``paths``
+        when the caller has them already, as the gate tells a run) and its lock kind. Raises
+        what :meth:`paths` raises."""
         if paths is None:
             paths = self.paths(root, args, kwargs)
         return LockedCall(options, paths, lock_kind(options.mode, options.limit))

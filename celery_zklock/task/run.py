@@ -110,9 +110,8 @@ class LockedRun:
         self.task = task
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.settings = settings_of(task.app)
-        self.call = spec.resolve(
-            self.settings.root, args, kwargs, request_overrides(request), resolved_paths(request)
-        )
+        options = spec.for_call(request_overrides(request))
+        self.call = spec.resolve(self.settings.root, args, kwargs, options, resolved_paths(request))
         self.options: LockOptions = self.call.options
         self.paths = self.call.paths
         self.path = self.call.path  # for messages: the one path, or all of them

@@ -3,8 +3,9 @@
 Importing this module in a worker's app registers the inspect command; ``app.control.broadcast(
 "zklock_live", reply=True)`` then answers, per worker, the number of live Celery request
 objects (after a garbage collection), the entries in the consumer's timer (kombu keeps a
-cancelled entry until its due time), the messages its gate holds and the main process's
-resident memory in bytes. The library never imports it.
+cancelled entry until its due time), the messages its gate holds, the keys whose held messages
+wait only for a pool slot, and the main process's resident memory in bytes. The library never
+imports it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def zklock_live(state: Any) -> dict[str, int]:
         "requests": requests,
         "timer_entries": len(state.consumer.timer.queue),
         "held": gate.held if gate is not None else 0,
+        "wanting_a_slot": gate.wanting_a_slot if gate is not None else 0,
         "rss_bytes": _rss_bytes(),
     }
 

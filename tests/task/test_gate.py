@@ -35,6 +35,12 @@ def held_at_gate(app: Celery) -> dict[str, Any]:
     return merged
 
 
+def live_of(app: Celery) -> dict[str, int]:
+    """The one worker's ``zklock_live`` answer (:mod:`celery_zklock.testing.introspect`)."""
+    (answer,) = app.control.broadcast("zklock_live", reply=True, timeout=5.0)
+    return next(iter(answer.values()))  # type: ignore[no-any-return]
+
+
 TASK_LINE = re.compile(r"Task [\w.]+\[([0-9a-f-]{36})\] (received|succeeded|raised|ignored|retry)")
 RUN_LINE = re.compile(r"/ForkPoolWorker-\d+\] zklock event=\S+ task_id=([0-9a-f-]{36})")
 
@@ -256,7 +262,8 @@ def test_slots_runs_free_go_to_the_held_calls_at_once(
         for lease in leases:
             assert lease is not None
             lease.release()
-        time.sleep(0.5)  # the gate sees the keys free (one read each): not a sync, a head start
+        wait_for(lambda: live_of(app)["wanting_a_slot"] == 40, 30,
+                 "the gate to see the 40 keys free, their calls waiting for a slot")  # fmt: skip
         (tmp / "release-s0").touch()
         (tmp / "release-s1").touch()
         starts = sorted(result.get(timeout=60) for result in calls)

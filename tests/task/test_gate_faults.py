@@ -21,7 +21,7 @@ from celery_zklock import Mutex
 from celery_zklock.testing.plugin import StackFactory
 from tests.conftest import Broker
 from tests.lockutil import wait_for
-from tests.task.test_gate import held_at_gate
+from tests.task.test_gate import held_at_gate, live_of
 from tests.task.test_gate_rabbitmq import start as start_gated
 from tests.taskapp import read_records
 from tests.workerproc import workers
@@ -152,10 +152,6 @@ def test_released_messages_hold_no_memory(
     app, env, tmp = taskenv
     from tests.taskapp import gated_step
 
-    def live() -> dict[str, int]:
-        (answer,) = app.control.broadcast("zklock_live", reply=True, timeout=5.0)
-        return next(iter(answer.values()))  # type: ignore[no-any-return]
-
     def burst(count: int) -> None:
         calls = [
             gated_step.apply_async(("mem", 0, 0.0), queue=worker.queue, ignore_result=True)
@@ -168,9 +164,9 @@ def test_released_messages_hold_no_memory(
         done = 0
         burst(100)
         done = 100
-        warm = live()
+        warm = live_of(app)
         burst(300)
-        after = live()
+        after = live_of(app)
     assert after["timer_entries"] <= warm["timer_entries"] + 2, (warm, after)
     assert after["requests"] <= warm["requests"] + 2, (warm, after)
 

@@ -419,11 +419,13 @@ def test_a_call_resolved_by_the_gate_reaches_its_run_for_that_attempt_only() -> 
     """The gate's paths (``zklock_paths``) are the run's for the attempt the gate resolved;
     a retry (another ``retries``) or a malformed field makes the run resolve again."""
     spec = _spec()
-    call = spec.resolve("/root", (7,), {}, None)
+    call = spec.resolve("/root", (7,), {}, spec.options)
     assert call.paths == ("/root/proj.tasks.sync/account_id=7~" + call.paths[0].split("~")[1],)
     assert call.path == call.paths[0] and call.kind.kind == "write"
     carried = types.SimpleNamespace(retries=0, zklock_paths=[list(call.paths), 0])
     assert resolved_paths(carried) == call.paths
-    assert spec.resolve("/root", (8,), {}, None, resolved_paths(carried)).paths == call.paths
+    assert (
+        spec.resolve("/root", (8,), {}, spec.options, resolved_paths(carried)).paths == call.paths
+    )
     for value in ([list(call.paths), 1], [call.paths[0], 0], [[], 0], [[1], 0], None):
         assert resolved_paths(types.SimpleNamespace(retries=0, zklock_paths=value)) is None

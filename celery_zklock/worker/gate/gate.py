@@ -131,6 +131,11 @@ class Gate:
     held = 0
     """Messages held now (kept as they come and go: it is read for every message)."""
 
+    @property
+    def wanting_a_slot(self) -> int:
+        """Keys whose first held message may go now and waits only for a pool slot."""
+        return len(self._wanting_paths)
+
     def held_by_key(self) -> dict[str, list[tuple[str, str, float]]]:
         """``{lock path: [(task id, task name, seconds held), ...]}`` (for operators): the
         messages held now, each key's in line order, the order they go to the pool."""
@@ -263,7 +268,7 @@ class Gate:
             waits = options.on_busy == "wait"
             if not waits and (self._away_since is None or options.on_unavailable != "wait"):
                 return None
-            call = spec.resolve(self.root, request.args, request.kwargs, overrides)
+            call = spec.resolve(self.root, request.args, request.kwargs, options)
         except Exception:
             return None
         if len(call.paths) != 1:
