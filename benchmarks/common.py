@@ -8,8 +8,9 @@ of the same repetition, :func:`paired`) and summarise those the same way; the ot
 of the medians.
 
 The stack: one Redis for the whole run, and a fresh standalone ZooKeeper per section, every one
-with the same settings (:data:`ZK_SETTINGS`: the project's test defaults, fsync on), so one
-section's left-over sessions, watches or heap never weigh on the next.
+with the same settings (:data:`ZK_SETTINGS`: ZooKeeperServer's defaults, fsync on; the test
+suite turns fsync off for its own servers, tests/conftest.py), so one section's left-over
+sessions, watches or heap never weigh on the next.
 
 Processes: the contention, herd and scale sections run their contenders in worker processes
 started through a ``forkserver`` (:func:`mp_context`): each worker is forked from a clean server

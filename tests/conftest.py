@@ -28,7 +28,13 @@ from celery_zklock.testing.zookeeper import JVM_FLAGS_ENV, QUICK_JVM_FLAGS
 pytest_plugins = ["celery_zklock.testing.plugin"]
 
 # The suite starts dozens of ZooKeeper JVMs on two cores: each with less JIT work (QUICK_JVM_FLAGS).
-os.environ.setdefault(JVM_FLAGS_ENV, QUICK_JVM_FLAGS)
+# And no fsync of the transaction log (forceSync=no, what a node's zoo.cfg otherwise leaves at yes):
+# every request, the lease clock's renewals too, waits behind the server's fsync of the writes
+# before it, and on this machine's one disk, busy with the rest of the suite, such an fsync took
+# over a second (renewal round trips up to 1.35 s), past what a T = 4 s lease allows (0.77 s for a
+# fresh one): leaderships moved with no fault. Tests need no durability beyond a killed JVM, which
+# the page cache gives.
+os.environ.setdefault(JVM_FLAGS_ENV, f"{QUICK_JVM_FLAGS} -Dzookeeper.forceSync=no")
 
 XDIST_GROUPS: dict[str, str] = {
     # The Docker tests: their image builds share the images' tags and build this source tree in

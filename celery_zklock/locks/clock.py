@@ -151,9 +151,10 @@ class LeaseClock:
     """The lease clock of one kazoo client: times its held leases and declares them lost.
 
     While any lease is held a renewer (a thread, or a greenlet under kazoo's gevent handler)
-    sends a ``sync`` every ``R``; every answer to a request that reached the leader
-    (:meth:`confirm`) moves :meth:`valid_until` forward, and when that moment passes unrenewed
-    every lease is lost (:attr:`~celery_zklock.errors.LossCode.LEASE_CLOCK`). So is every lease
+    sends a ``sync`` every ``R``, whether or not the previous one was answered yet; every answer
+    to a request that reached the leader (:meth:`confirm`) moves :meth:`valid_until` forward,
+    and when that moment passes unrenewed every lease is lost
+    (:attr:`~celery_zklock.errors.LossCode.LEASE_CLOCK`). So is every lease
     of a session that ended (:meth:`session_lost`, :meth:`declare_lost`), and one whose node was
     broken (:class:`~celery_zklock.locks.breaks.BreakWatches`, read on the renewer's ticks, or
     at once by :meth:`confirm_held`). A
@@ -184,7 +185,6 @@ class LeaseClock:
         self._renewing_since: float | None = None
         self._last_renewal_sent: float | None = None
         self._next_renewal = math.inf
-        self._renewal_outstanding = False
         self._renewer_running = False
         #: When the renewer will next wake by itself; inf while it is working out when.
         self._renewer_wakes_at = math.inf
@@ -369,7 +369,6 @@ class LeaseClock:
                         self._renewer_running = False
                         return
                 valid_until = self._valid_until
-                outstanding = self._renewal_outstanding
                 next_renewal = self._next_renewal
             if not holding:
                 assert idle_since is not None
@@ -379,11 +378,13 @@ class LeaseClock:
                 self.declare_lost(LossCode.LEASE_CLOCK, self._expired_reason())
                 continue
             else:
-                if not outstanding and now >= next_renewal:
+                # Not held back by a renewal still unanswered: a slow answer (the server's log
+                # fsync, a stalled member) would make the next one late, and a late one restarts
+                # the steady count, so the next renewals would earn only the fresh validity.
+                if now >= next_renewal:
                     self._send_renewal(client, now, timing)
                     self.breaks.watch_due(client, now, timing.renew_interval)
-                    outstanding = True
-                wake_at = valid_until if outstanding else min(valid_until, self._next_renewal)
+                wake_at = min(valid_until, self._next_renewal)
             del client
             with self._lock:
                 self._renewer_wakes_at = wake_at
@@ -398,17 +399,15 @@ class LeaseClock:
                 self._renewing_since = now
             self._last_renewal_sent = now
             self._next_renewal = now + timing.renew_interval
-            self._renewal_outstanding = True
             epoch = self.epoch
 
         def answered(result: Any) -> None:
-            with self._lock:
-                self._renewal_outstanding = False
-                if not result.successful():
+            if not result.successful():
+                with self._lock:
                     # It may never have reached the server: the gap between our touches is
                     # no longer known to be one interval.
                     self._renewing_since = None
-            if result.successful():
+            else:
                 self.confirm(now, epoch)
             self._renew_event.set()
 
@@ -416,5 +415,3 @@ class LeaseClock:
             client.sync_async("/").rawlink(answered)
         except Exception:  # the client is closing: the clock runs out on its own
             logger.debug("lease renewal could not be sent", exc_info=True)
-            with self._lock:
-                self._renewal_outstanding = False
