@@ -35,7 +35,9 @@ Two deadlines bound an acquire: ``wait`` bounds the wait for other holders (``Lo
 
 Why containers: a persistent parent per key would pile up for every key ever used. A container is
 deleted by the server once its last child is gone. The server may reap it between our look and our
-create; the create then fails with NoNode and we make the parents and create again.
+create; the create then fails with NoNode and we make the parents and create again. It may also
+reap an empty ancestor while the parents are being made (:func:`make_containers`), which then
+makes them again.
 """
 
 from __future__ import annotations
@@ -61,7 +63,12 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
-from celery_zklock.errors import ConfigurationError, LockTimeout, ZooKeeperUnavailable
+from celery_zklock.errors import (
+    ConfigurationError,
+    LockTimeout,
+    ZkLockError,
+    ZooKeeperUnavailable,
+)
 from celery_zklock.locks.contenders import (
     HOLDS,
     Contender,
@@ -81,6 +88,9 @@ logger = logging.getLogger("celery_zklock.locks")
 
 #: Default seconds :meth:`ContenderQueue.participant_nodes` waits for ZooKeeper's answer.
 PARTICIPANTS_TIMEOUT: Final = 5.0
+CONTAINER_ROUNDS: Final = 10
+"""Rounds :func:`make_containers` sends before it gives up on parents that keep being reaped
+(the server reaps at its container checks, seconds apart by default: a second round stands)."""
 
 
 class Created(NamedTuple):
@@ -699,12 +709,29 @@ class OrphanPurge:
 
 
 def make_containers(client: Any, path: str, io: Deadline) -> None:
-    """Create ``path`` and every ancestor as container nodes, pipelined, in one round trip."""
+    """Create ``path`` and every ancestor as container nodes where missing, pipelined: one
+    round trip, and another each time ZooKeeper removed one of them on the way.
+
+    The server reaps an empty container that once had a child at any moment, so also between
+    its create (answered NodeExists) and its child's create, which then fails NoNode: the
+    chain is sent again. A container made by us is not reaped before its first child, so a
+    round that made what had gone stands.
+
+    Raises ZooKeeperUnavailable past ``io``; ZkLockError if they went in each of
+    :data:`CONTAINER_ROUNDS` rounds; whatever else ZooKeeper failed a create with.
+    """
     parts = path.strip("/").split("/")
-    pending = [
-        adapter.create_container_async(client, "/" + "/".join(parts[: i + 1]))
-        for i in range(len(parts))
-    ]
-    for result in pending:
-        with suppress(NodeExistsError):
-            wait_result(result, io, f"creating the parents of {path}")
+    what = f"creating the parents of {path}"
+    for _ in range(CONTAINER_ROUNDS):
+        pending = [
+            adapter.create_container_async(client, "/" + "/".join(parts[: i + 1]))
+            for i in range(len(parts))
+        ]
+        try:
+            for result in pending:
+                with suppress(NodeExistsError):
+                    wait_result(result, io, what)
+            return
+        except NoNodeError:
+            continue  # an ancestor was reaped between its create and its child's
+    raise ZkLockError(f"could not create the parents of {path}: they kept being reaped")

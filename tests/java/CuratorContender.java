@@ -12,6 +12,7 @@ import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.ExponentialBackoffRetry;
+import org.apache.zookeeper.data.Stat;
 
 /**
  * Contends for a lock with Apache Curator's own recipes, so celery-zklock's Python locks can be
@@ -32,7 +33,9 @@ import org.apache.curator.retry.ExponentialBackoffRetry;
  *
  * <p>{@code latch} contends with Curator's {@code LeaderLatch} instead (participant id: the
  * holder prefix): each iteration starts a new latch, awaits leadership, records the section
- * while it leads (mode {@code write}) and closes the latch, which gives up the leadership.
+ * while it leads (mode {@code write}) and closes the latch, which gives up the leadership. Its
+ * holder ids are {@code <prefix>-<i>@<czxid>}, the czxid of the latch's node (its place in the
+ * election's queue: nodes are created in czxid order).
  *
  * Exit status: 0 done, 1 unexpected error, 2 usage, 3 could not connect, 4 an acquire timed out.
  * The acquire timeout is 60 s unless -Dcontender.acquireTimeoutMs says otherwise.
@@ -114,6 +117,9 @@ public final class CuratorContender {
                 return 4;
             }
             try {
+                if (lock instanceof LatchTerms) {
+                    holder += "@" + ((LatchTerms) lock).czxid();
+                }
                 record(witness, "enter", holder, mode);
                 if (holdMs < 0) {
                     STDIN.readLine();
@@ -164,6 +170,16 @@ public final class CuratorContender {
             }
             started.close();
             return false;
+        }
+
+        /** The czxid of the node this term leads with, read from ZooKeeper while it leads. */
+        long czxid() throws Exception {
+            String node = latch.getOurPath();
+            Stat stat = node == null ? null : client.checkExists().forPath(node);
+            if (stat == null) {
+                throw new IllegalStateException("leading without a node: " + node);
+            }
+            return stat.getCzxid();
         }
 
         @Override

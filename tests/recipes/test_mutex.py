@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -18,7 +19,10 @@ from celery_zklock import (
     ZkLockError,
     ZooKeeperUnavailable,
 )
+from celery_zklock.locks.queue import CONTAINER_ROUNDS, make_containers
 from celery_zklock.testing.proxy import TcpProxy
+from celery_zklock.zk import adapter
+from celery_zklock.zk.calls import Deadline
 from tests.lockutil import children, expire_session, wait_for, watches_by_path
 
 
@@ -297,6 +301,65 @@ def test_acquire_recreates_parent_reaped_after_we_saw_it(
     wait_for(lambda: zk_client.exists(path) is None, 10, "the container to be reaped")
     with Mutex(zk_client, path).acquire(timeout=5) as lease:
         assert lease.held
+
+
+def test_acquire_makes_the_parents_again_when_one_is_reaped_while_they_are_made(
+    zk_client: KazooClient,
+    other_client: KazooClient,
+    lock_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An empty container may be reaped at any moment: also between its create, answered
+    NodeExists, and its child's, in the one pipelined round that makes a lock's missing parents.
+    The acquire then makes them again (before, the child's NoNodeError escaped make_containers
+    and failed the acquire as ZooKeeperUnavailable: seen once in ``make test``)."""
+    ancestor, parent = f"{lock_root}/a", f"{lock_root}/a/b"
+    make_containers(other_client, ancestor, Deadline(5))  # a key's ancestor, left empty
+    made = adapter.create_container_async
+    sent: list[tuple[str, Any]] = []
+    reaped: list[str] = []
+
+    def reaped_between(client: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == parent and not reaped:
+            last, answer = sent[-1]
+            assert last == ancestor
+            answer.wait(5)  # the ancestor's create is answered (NodeExists) ...
+            other_client.delete(ancestor)  # ... and the reaper takes it before the child's
+            reaped.append(ancestor)
+        result = made(client, path, *args, **kwargs)
+        sent.append((path, result))
+        return result
+
+    monkeypatch.setattr(adapter, "create_container_async", reaped_between)
+    with Mutex(zk_client, f"{parent}/lock").acquire(timeout=5) as lease:
+        assert lease.held
+        assert reaped == [ancestor]
+        assert len(children(zk_client, f"{parent}/lock")) == 1
+
+
+def test_parents_reaped_at_every_round_give_up_with_a_lock_error(
+    zk_client: KazooClient,
+    other_client: KazooClient,
+    lock_root: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """make_containers sends its chain again only :data:`CONTAINER_ROUNDS` times."""
+    ancestor, parent = f"{lock_root}/a", f"{lock_root}/a/b"
+    made = adapter.create_container_async
+    sent: list[tuple[str, Any]] = []
+
+    def reaped_each_time(client: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == parent:
+            sent[-1][1].wait(5)  # the ancestor is there (made or found) ...
+            other_client.delete(ancestor)  # ... and goes before its child is made
+        result = made(client, path, *args, **kwargs)
+        sent.append((path, result))
+        return result
+
+    monkeypatch.setattr(adapter, "create_container_async", reaped_each_time)
+    with pytest.raises(ZkLockError, match="kept being reaped"):
+        make_containers(zk_client, f"{parent}/lock", Deadline(5))
+    assert [path for path, _ in sent].count(parent) == CONTAINER_ROUNDS
 
 
 def test_bad_paths_are_refused(zk_client: KazooClient) -> None:

@@ -8,7 +8,8 @@ several contenders start contending at the same moment. A contender started with
 holds each lock until ``release_hold`` (or ``wait_curator_contender``) tells it to let go, so
 a test can inspect a lock that is certainly held without guessing a duration. Kind ``latch``
 contends with Curator's ``LeaderLatch`` (participant id: the holder prefix): each iteration is
-one term as leader, from ``await`` to ``close``.
+one term as leader, from ``await`` to ``close``, recorded in the witness as
+``<prefix>-<i>@<czxid>`` (the czxid of the term's node, read from ZooKeeper while it leads).
 """
 
 from __future__ import annotations

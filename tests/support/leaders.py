@@ -156,8 +156,10 @@ def contend_latch(
     start: Any,
 ) -> None:
     """``iterations`` terms as leader of ``path``, each recorded in the witness as a ``write``
-    section ``<holder>-<i>``: a new latch, :meth:`~LeaderLatch.await_leader`, the section
-    (``hold_s`` seconds), :meth:`~LeaderLatch.close`. Waits at ``start`` (a barrier) first."""
+    section ``<holder>-<i>@<token>`` (the lease's token: the czxid of the term's node): a new
+    latch (participant id ``<holder>-<i>``), :meth:`~LeaderLatch.await_leader`, the section
+    (``hold_s`` seconds), :meth:`~LeaderLatch.close`. Connects, then waits at ``start`` (a
+    barrier or an event: anything with ``wait()``) before the first term."""
     client = KazooClient(hosts, timeout=10.0)
     client.start(timeout=30)
     witness = Witness(witness_path)
@@ -169,7 +171,10 @@ def contend_latch(
             try:
                 if not latch.await_leader(timeout=120):
                     raise AssertionError(f"{holder}-{i} was not elected within 120 s")
-                with witness.section(f"{holder}-{i}", "write"):
+                lease = latch.lease
+                if lease is None:
+                    raise AssertionError(f"{holder}-{i} lost its leadership at once")
+                with witness.section(f"{holder}-{i}@{lease.token}", "write"):
                     time.sleep(hold_s)
             finally:
                 latch.close()
