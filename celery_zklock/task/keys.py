@@ -59,14 +59,15 @@ import decimal
 import enum
 import hashlib
 import inspect
+import itertools
 import json
 import re
 import reprlib
 import string
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from celery_zklock.errors import ConfigurationError
 
@@ -101,18 +102,18 @@ LockKeySpec: TypeAlias = (
 
 KeyKind = Literal["all", "names", "callable", "several"]
 
-# The JSON-like form every value is reduced to before it is encoded.
-_Json: TypeAlias = "bool | int | str | list[_Json] | dict[str, _Json] | None"
-
 # Tag key of the tagged forms ({"__t": "uuid", "v": "..."}). A user dict that has this key itself
 # is wrapped as {"__t": "dict", "v": {...}}, so a user dict can never pass for a tagged value.
 _TAG: Final = "__t"
+_TAGGED: Final = '{"' + _TAG + '":"%s","v":%s}'  # % (tag, JSON text of the value)
+_json_str: Final = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it
 
 # Integers are JSON numbers; json refuses to write ints of more than 4300 digits.
 _MAX_INT_DIGITS: Final = 4000
 _MAX_INT_BITS: Final = 14_000  # 2**14000 has 4215 digits
 
 _UNSAFE_CHARS: Final = re.compile(r"[^A-Za-z0-9._,=+@-]")
+_PATH_STEP: Final = re.compile(r"[.\[{]")  # where a value's path (value[0].value) goes into it
 
 _SUPPORTED: Final = (
     "None, bool, int, float, str, list, tuple, dict with str keys, set, frozenset, bytes, "
@@ -164,12 +165,108 @@ def _type_name(value: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _tag(tag: str, value: _Json) -> _Json:
-    return {_TAG: tag, "v": value}
+def _encode(
+    value: object, path: str, depth: int, active: set[int], top: bool = False
+) -> tuple[str, str]:
+    """``value``'s canonical JSON text (see :func:`canonical_json`) and the first
+    :data:`PREFIX_LENGTH` characters of its readable text, a key's prefix before its unsafe
+    characters are replaced: ``None``, ints and strs as Python prints them, other numbers as
+    ``0.1`` (the float they are, if one is), lists and tuples as ``[a,b]``, sets as ``{a,b}`` in
+    canonical order, dicts as ``{name=value,...}`` sorted by name (without braces at the
+    ``top``), other values as their tag's text.
+
+    Raises :class:`_Unencodable` at ``path``. A ``depth`` of -1 marks a dict of arguments, whose
+    values are each at the top, named by their key. ``active`` holds the ids of the containers
+    being encoded on the way down, to detect a container that contains itself.
+    """
+    if depth > MAX_DEPTH:
+        raise _Unencodable(path, value, f"it is nested more than {MAX_DEPTH} levels deep")
+    if value is None:
+        return "null", "None"
+    # Enum first: IntEnum and StrEnum members are also ints and strs. An Enum member stands for
+    # its value, so the key is the same whether the caller passed the member or the raw value
+    # (Celery's JSON serializer turns an IntEnum into a plain int on the way to the worker).
+    if isinstance(value, enum.Enum):
+        return _encode(value.value, f"{path}.value", depth + 1, active, top)
+    # Subclasses of str/int/float are reduced to the exact base type so that an overridden
+    # __str__ or __repr__ cannot change the encoding.
+    if isinstance(value, str):
+        text = str.__str__(value)
+        return _json_str(text), text[:PREFIX_LENGTH]
+    if isinstance(value, int):  # bool too
+        number = int.__int__(value)
+        # (str() of an int of more than 4300 digits raises: look at the bits first)
+        if number.bit_length() > _MAX_INT_BITS or len(str(abs(number))) > _MAX_INT_DIGITS:
+            raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
+        text = str(number)
+        return text, text[:PREFIX_LENGTH]
+    if isinstance(value, float | decimal.Decimal):
+        return _number(value, path)
+    texts: list[str] = []  # of a container's items: canonical
+    shown: list[str] = []  # and readable
+    if isinstance(value, list | tuple | dict):
+        if id(value) in active:
+            raise _Unencodable(path, value, "it contains itself")
+        active.add(id(value))
+        try:
+            if not isinstance(value, dict):
+                for index, item in enumerate(value):
+                    text, readable = _encode(item, f"{path}[{index}]", depth + 1, active)
+                    texts.append(text)
+                    shown.append(readable)
+                return f"[{','.join(texts)}]", f"[{','.join(shown)}]"[:PREFIX_LENGTH]
+            entries: dict[str, tuple[str, str]] = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _Unencodable(
+                        path,
+                        value,
+                        f"it has a key of type {_type_name(key)} (only str keys are supported)",
+                    )
+                name = str.__str__(key)
+                child = name if depth < 0 else f"{path}[{_short_repr.repr(name)}]"
+                entries[name] = _encode(item, child, depth + 1, active)
+        finally:
+            active.discard(id(value))
+        for name in sorted(entries):
+            text, readable = entries[name]
+            texts.append(f"{_json_str(name)}:{text}")
+            shown.append(f"{name}={readable}")
+        text, readable = "{" + ",".join(texts) + "}", ",".join(shown)
+        return (
+            _TAGGED % ("dict", text) if _TAG in entries else text,
+            (readable if top else "{" + readable + "}")[:PREFIX_LENGTH],
+        )
+    if isinstance(value, set | frozenset):
+        items = [_encode(item, f"{path}{{...}}", depth + 1, active) for item in value]
+        for text, readable in sorted(items):  # by canonical text
+            texts.append(text)
+            shown.append(readable)
+        return _TAGGED % ("set", f"[{','.join(texts)}]"), f"{{{','.join(shown)}}}"[:PREFIX_LENGTH]
+    if isinstance(value, bytes | bytearray):
+        tag, text = "bytes", bytes(value).hex()
+    elif isinstance(value, uuid.UUID):
+        tag, text = "uuid", str(uuid.UUID(int=value.int))
+    elif isinstance(value, datetime.datetime):
+        # Equal aware datetimes are equal instants: encode them in UTC so that the same instant
+        # given in two time zones is the same key. Naive ones stay as they are (no offset).
+        # (Near datetime.min/max the conversion overflows: such a value keeps its own offset,
+        # which still never matches a converted one.)
+        if value.utcoffset() is not None:
+            with contextlib.suppress(OverflowError):
+                value = value.astimezone(datetime.timezone.utc)
+        tag, text = "datetime", datetime.datetime.isoformat(value)
+    elif isinstance(value, datetime.date):
+        tag, text = "date", datetime.date.isoformat(value)
+    elif isinstance(value, datetime.time):
+        tag, text = "time", datetime.time.isoformat(value)
+    else:
+        raise _Unencodable(path, value, "it has no stable encoding")
+    return _TAGGED % (tag, _json_str(text)), text[:PREFIX_LENGTH]
 
 
-def _number(value: int | float | decimal.Decimal, path: str) -> _Json:
-    """The canonical form of a number: equal numbers (``==``) get equal forms.
+def _number(value: float | decimal.Decimal, path: str) -> tuple[str, str]:
+    """:func:`_encode` of a float or Decimal: equal numbers (``==``) get equal forms.
 
     ``bool``, ``int``, ``float`` and ``Decimal`` compare by value in Python (``True == 1 ==
     1.0 == Decimal("1.00")``), and so do their keys: a number equal to an integer is that JSON
@@ -179,112 +276,43 @@ def _number(value: int | float | decimal.Decimal, path: str) -> _Json:
     are ``"Infinity"`` and ``"-Infinity"``; every NaN is ``"NaN"`` (NaN equals nothing, not even
     itself, but a key must equal itself).
     """
-    if isinstance(value, int):  # bool too
-        number = int.__int__(value)
-        # (str() of an int of more than 4300 digits raises: look at the bits first)
-        if number.bit_length() > _MAX_INT_BITS or len(str(abs(number))) > _MAX_INT_DIGITS:
-            raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
-        return number
     exact = decimal.Decimal(float.__float__(value)) if isinstance(value, float) else value
     if exact.is_nan():
-        return _tag("num", "NaN")
-    if exact.is_infinite():
-        return _tag("num", "-Infinity" if exact.is_signed() else "Infinity")
-    sign, digits, exponent = exact.as_tuple()
-    assert isinstance(exponent, int)
-    text = "".join(map(str, digits)).lstrip("0")
-    if not text:
-        return 0
-    stripped = text.rstrip("0")
-    exponent += len(text) - len(stripped)
-    if exponent >= 0:
-        if len(stripped) + exponent > _MAX_INT_DIGITS:
-            raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
-        return int(f"{'-' if sign else ''}{stripped}{'0' * exponent}")
-    return _tag("num", f"{'-' if sign else ''}{stripped}E{exponent}")
+        text = "NaN"
+    elif exact.is_infinite():
+        text = "-Infinity" if exact.is_signed() else "Infinity"
+    else:
+        sign, digits, exponent = exact.as_tuple()
+        assert isinstance(exponent, int)
+        text = "".join(map(str, digits)).lstrip("0")
+        if not text:
+            return "0", "0"
+        stripped = text.rstrip("0")
+        exponent += len(text) - len(stripped)
+        text = f"{'-' if sign else ''}{stripped}"
+        if exponent >= 0:
+            if len(stripped) + exponent > _MAX_INT_DIGITS:
+                raise _Unencodable(path, value, f"it has more than {_MAX_INT_DIGITS} digits")
+            text += "0" * exponent
+            return text, text[:PREFIX_LENGTH]
+        text += f"E{exponent}"
+        if isinstance(value, float):  # readable: the float it is (below, without round trips)
+            return _TAGGED % ("num", _json_str(text)), repr(float.__float__(value))
+    # readable: the float it is, if one is, else its decimal text
+    exact = decimal.Decimal(text)
+    nearest = float(exact)
+    if decimal.Decimal(nearest) == exact:
+        readable = repr(nearest)
+    else:
+        with decimal.localcontext(_DECIMAL_CONTEXT):
+            readable = str(exact)
+    return _TAGGED % ("num", _json_str(text)), readable[:PREFIX_LENGTH]
 
 
-def _normalise(value: object, path: str, depth: int, active: set[int]) -> _Json:
-    """Reduce ``value`` to its canonical JSON-like form or raise :class:`_Unencodable`.
-
-    ``active`` holds the ids of the containers being normalised on the way down, to detect a
-    container that contains itself.
-    """
-    if depth > MAX_DEPTH:
-        raise _Unencodable(path, value, f"it is nested more than {MAX_DEPTH} levels deep")
-    if value is None:
-        return value
-    # Enum first: IntEnum and StrEnum members are also ints and strs. An Enum member stands for
-    # its value, so the key is the same whether the caller passed the member or the raw value
-    # (Celery's JSON serializer turns an IntEnum into a plain int on the way to the worker).
-    if isinstance(value, enum.Enum):
-        return _normalise(value.value, f"{path}.value", depth + 1, active)
-    # Subclasses of str/int/float are reduced to the exact base type so that an overridden
-    # __str__ or __repr__ cannot change the encoding.
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int | float | decimal.Decimal):
-        return _number(value, path)
-    if isinstance(value, list | tuple | dict):
-        if id(value) in active:
-            raise _Unencodable(path, value, "it contains itself")
-        active.add(id(value))
-        try:
-            if isinstance(value, dict):
-                return _normalise_dict(value, path, depth, active)
-            return [
-                _normalise(item, f"{path}[{index}]", depth + 1, active)
-                for index, item in enumerate(value)
-            ]
-        finally:
-            active.discard(id(value))
-    if isinstance(value, set | frozenset):
-        items = [_normalise(item, f"{path}{{...}}", depth + 1, active) for item in value]
-        return _tag("set", sorted(items, key=_dumps))
-    if isinstance(value, bytes | bytearray):
-        return _tag("bytes", bytes(value).hex())
-    if isinstance(value, uuid.UUID):
-        return _tag("uuid", str(uuid.UUID(int=value.int)))
-    if isinstance(value, datetime.datetime):
-        # Equal aware datetimes are equal instants: encode them in UTC so that the same instant
-        # given in two time zones is the same key. Naive ones stay as they are (no offset).
-        # (Near datetime.min/max the conversion overflows: such a value keeps its own offset,
-        # which still never matches a converted one.)
-        if value.utcoffset() is not None:
-            with contextlib.suppress(OverflowError):
-                value = value.astimezone(datetime.timezone.utc)
-        return _tag("datetime", datetime.datetime.isoformat(value))
-    if isinstance(value, datetime.date):
-        return _tag("date", datetime.date.isoformat(value))
-    if isinstance(value, datetime.time):
-        return _tag("time", datetime.time.isoformat(value))
-    raise _Unencodable(path, value, "it has no stable encoding")
-
-
-def _normalise_dict(value: Mapping[Any, object], path: str, depth: int, active: set[int]) -> _Json:
-    out: dict[str, _Json] = {}
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise _Unencodable(
-                path, value, f"it has a key of type {_type_name(key)} (only str keys are supported)"
-            )
-        name = str.__str__(key)
-        out[name] = _normalise(item, f"{path}[{_short_repr.repr(name)}]", depth + 1, active)
-    return _wrap_dict(out)
-
-
-def _wrap_dict(out: dict[str, _Json]) -> _Json:
-    return _tag("dict", out) if _TAG in out else out
-
-
-# One encoder for every key: json.dumps with options builds a new encoder per call.
-_CANONICAL_ENCODER: Final = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-)
-
-
-def _dumps(normalised: _Json) -> str:
-    return _CANONICAL_ENCODER.encode(normalised)
+def _key(canonical: str, readable: str) -> str:
+    """The key of a value from its canonical JSON text and readable text (see :func:`_encode`)."""
+    digest = hashlib.sha256(canonical.encode("ascii")).hexdigest()[:HASH_LENGTH]
+    return f"{_UNSAFE_CHARS.sub('_', readable)}~{digest}"
 
 
 def _value_error(exc: _Unencodable) -> LockKeyError:
@@ -320,62 +348,9 @@ def canonical_json(value: object) -> str:
     nesting deeper than :data:`MAX_DEPTH`, or an integer of more than 4000 digits).
     """
     try:
-        return _dumps(_normalise(value, "value", 0, set()))
+        return _encode(value, "value", 0, set())[0]
     except _Unencodable as exc:
         raise _value_error(exc) from None
-
-
-def _render(normalised: _Json, limit: int, top: bool = False) -> str:
-    """Short human-readable text of a normalised value; stops growing once past ``limit``."""
-    if normalised is None or isinstance(normalised, bool | int):
-        return repr(normalised)
-    if isinstance(normalised, str):
-        return normalised[: limit + 1]
-    if isinstance(normalised, list):
-        return "[" + _render_items((_render(item, limit) for item in normalised), limit) + "]"
-    if _TAG in normalised:
-        tag, inner = normalised[_TAG], normalised["v"]
-        if tag == "dict" and isinstance(inner, dict):
-            return _render_dict(inner, limit, top)
-        if tag == "set" and isinstance(inner, list):
-            return "{" + _render_items((_render(item, limit) for item in inner), limit) + "}"
-        if tag == "num" and isinstance(inner, str):
-            return _render_number(inner)
-        return _render(inner, limit)
-    return _render_dict(normalised, limit, top)
-
-
-def _render_number(text: str) -> str:
-    """``0.1`` for a float's exact value, the decimal text for a value no float has."""
-    exact = decimal.Decimal(text)
-    nearest = float(exact)
-    if decimal.Decimal(nearest) == exact:
-        return repr(nearest)
-    with decimal.localcontext(_DECIMAL_CONTEXT):
-        return str(exact)
-
-
-def _render_dict(normalised: dict[str, _Json], limit: int, top: bool) -> str:
-    items = (f"{name}={_render(normalised[name], limit)}" for name in sorted(normalised))
-    text = _render_items(items, limit)
-    return text if top else "{" + text + "}"
-
-
-def _render_items(items: Iterable[str], limit: int) -> str:
-    parts: list[str] = []
-    length = 0
-    for item in items:
-        parts.append(item)
-        length += len(item) + 1
-        if length > limit:
-            break
-    return ",".join(parts)
-
-
-def _key_from_normalised(normalised: _Json) -> str:
-    digest = hashlib.sha256(_dumps(normalised).encode("ascii")).hexdigest()[:HASH_LENGTH]
-    prefix = _UNSAFE_CHARS.sub("_", _render(normalised, PREFIX_LENGTH, top=True)[:PREFIX_LENGTH])
-    return f"{prefix}~{digest}"
 
 
 def key_for_value(value: object) -> str:
@@ -387,7 +362,7 @@ def key_for_value(value: object) -> str:
     :func:`canonical_json` does.
     """
     try:
-        return _key_from_normalised(_normalise(value, "value", 0, set()))
+        return _key(*_encode(value, "value", 0, set(), top=True))
     except _Unencodable as exc:
         raise _value_error(exc) from None
 
@@ -576,20 +551,12 @@ class KeyBuilder:
         """
         return cls(task_name, signature, lock_key)
 
-    def _bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"task {self.task_name!r}: {exc}") from exc
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
     def canonical(self, args: Sequence[object], kwargs: Mapping[str, object]) -> str:
         """The canonical JSON text the key of this call is the hash of (for logs and tools).
 
         Raises what :meth:`__call__` raises.
         """
-        return _dumps(self._normalised(args, kwargs))
+        return self._one(self._encoded(args, kwargs))[0]
 
     def __call__(self, args: Sequence[object], kwargs: Mapping[str, object]) -> str:
         """Return the lock key of one call: ``<readable-prefix>~<32 hex>``.
@@ -598,32 +565,20 @@ class KeyBuilder:
         fit the task's signature or give several keys (see :meth:`keys`), :class:`LockKeyError`
         when a value has no stable encoding, and whatever a callable ``lock_key`` raises.
         """
-        return _key_from_normalised(self._normalised(args, kwargs))
+        return _key(*self._one(self._encoded(args, kwargs)))
 
     def keys(self, args: Sequence[object], kwargs: Mapping[str, object]) -> tuple[str, ...]:
         """Every lock key of one call, sorted, each once: one, but for a ``lock_key`` of
         several keys (:class:`SeveralKeys`), which gives one per distinct value. Raises what
         :meth:`__call__` raises, but never for several keys."""
-        if self.kind != "several":
-            return (self(args, kwargs),)
-        return tuple(sorted(self._each_key(self._bind(args, kwargs))))
+        return tuple(sorted(set(itertools.starmap(_key, self._encoded(args, kwargs)))))
 
-    def _each_key(self, arguments: Mapping[str, object]) -> dict[str, _Json]:
-        """Several keys: each distinct key of the call, with its canonical value."""
-        assert isinstance(self.lock_key, SeveralKeys)
-        name = self.lock_key.name
-        values = (
-            _wrap_dict({name: self._encode(arguments[parameter], name, f"argument {parameter!r}")})
-            for parameter in self._names
-        )
-        return {_key_from_normalised(value): value for value in values}
-
-    def _only(self, each_key: dict[str, _Json]) -> _Json:
-        """The canonical value of a several-keys call that gives one key; else TypeError."""
-        if len(each_key) == 1:
-            return next(iter(each_key.values()))
+    def _one(self, encoded: list[tuple[str, str]]) -> tuple[str, str]:
+        """The texts of a call's one key (equal keys of several are one); else TypeError."""
+        if len(set(encoded)) == 1:
+            return encoded[0]
         raise TypeError(
-            f"task {self.task_name!r} locks {len(each_key)} keys for these arguments (lock_key="
+            f"task {self.task_name!r} locks {len(set(encoded))} keys for these arguments (lock_key="
             f"{self._spelled()}): ask for one key's lock through a task that locks it alone"
         )
 
@@ -639,21 +594,7 @@ class KeyBuilder:
         """
         if self.kind not in ("names", "several"):
             return self(args, kwargs)
-        try:
-            bound = self.signature.bind_partial(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"task {self.task_name!r}: {exc}") from exc
-        bound.apply_defaults()
-        missing = [name for name in self._names if name not in bound.arguments]
-        if missing:
-            raise TypeError(
-                f"task {self.task_name!r}: missing the lock key's argument"
-                f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} (lock_key="
-                f"{self._spelled()}; the task's other arguments may be left out)"
-            )
-        if self.kind == "several":
-            return _key_from_normalised(self._only(self._each_key(bound.arguments)))
-        return _key_from_normalised(self._encode_arguments(dict(bound.arguments)))
+        return _key(*self._one(self._encoded(args, kwargs, partial=True)))
 
     def _spelled(self) -> str:
         spec = self.lock_key
@@ -661,33 +602,49 @@ class KeyBuilder:
             return repr({spec.name: list(self._names)})
         return str(list(self._names))
 
-    def _normalised(self, args: Sequence[object], kwargs: Mapping[str, object]) -> _Json:
-        arguments = self._bind(args, kwargs)
-        if self.kind == "several":
-            return self._only(self._each_key(arguments))
-        if self.kind == "callable":
-            assert callable(self.lock_key)
-            function = self.lock_key
-            value = function(*args, **kwargs)
-            where = f"the value returned by lock_key {_callable_name(function)}"
-            return self._encode(value, "value", where)
-        return self._encode_arguments(arguments)
-
-    def _encode_arguments(self, arguments: dict[str, object]) -> _Json:
-        if self.kind == "names":
-            arguments = {name: arguments[name] for name in self._names}
-        return _wrap_dict(
-            {
-                name: self._encode(value, name, f"argument {name!r}")
-                for name, value in arguments.items()
-            }
-        )
-
-    def _encode(self, value: object, path: str, where: str) -> _Json:
+    def _encoded(
+        self, args: Sequence[object], kwargs: Mapping[str, object], partial: bool = False
+    ) -> list[tuple[str, str]]:
+        """The canonical and readable texts (:func:`_encode`) of each key of one call: one, but
+        one per parameter for several keys. ``partial``: the arguments may leave out any but
+        the key's (:meth:`of_key_arguments`)."""
         try:
-            return _normalise(value, path, 0, set())
+            bound = (self.signature.bind_partial if partial else self.signature.bind)(
+                *args, **kwargs
+            )
+        except TypeError as exc:
+            raise TypeError(f"task {self.task_name!r}: {exc}") from exc
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if partial and (missing := [name for name in self._names if name not in arguments]):
+            raise TypeError(
+                f"task {self.task_name!r}: missing the lock key's argument"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} (lock_key="
+                f"{self._spelled()}; the task's other arguments may be left out)"
+            )
+        spec = self.lock_key
+        try:
+            if isinstance(spec, SeveralKeys):  # each parameter's value as lock_key=[name] has it
+                encoded = []
+                for parameter in self._names:
+                    value = {spec.name: arguments[parameter]}
+                    encoded.append(_encode(value, "", -1, set(), top=True))
+                return encoded
+            if callable(spec):
+                return [_encode(spec(*args, **kwargs), "value", 0, set(), top=True)]
+            if self.kind == "names":
+                named = self._names  # (zip, not a comprehension: one function fewer per call)
+                arguments = dict(zip(named, map(arguments.__getitem__, named), strict=True))
+            return [_encode(arguments, "", -1, set(), top=True)]
         except _Unencodable as exc:
-            inside = "" if exc.path == path else f" at {exc.path}"
+            if callable(spec):
+                root, where = "value", f"the value returned by lock_key {_callable_name(spec)}"
+            elif isinstance(spec, SeveralKeys):
+                root, where = spec.name, f"argument {parameter!r}"  # the loop's parameter
+            else:  # the path starts with the parameter's name, an identifier
+                root = _PATH_STEP.split(exc.path, maxsplit=1)[0]
+                where = f"argument {root!r}"
+            inside = "" if exc.path == root else f" at {exc.path}"
             raise LockKeyError(
                 f"task {self.task_name!r}: cannot build the lock key from {where}: the value"
                 f"{inside} is of type {exc.type_name} and {exc.reason}; pass {_SUPPORTED}, "
