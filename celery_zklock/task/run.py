@@ -135,7 +135,7 @@ class LockedRun:
             self._remove_marker(client, starting=True)
         keep_marker = False
         try:
-            return self._run(client, self._side(client), body)
+            return self._run(client, body)
         except Retry:
             keep_marker = True  # the retry's message carries this task id: the marker is its own
             raise
@@ -165,21 +165,26 @@ class LockedRun:
                 )
             self._log("marker-left", self.path, error=repr(exc))
 
-    def _side(self, client: KazooClient) -> Mutex | MultiLock:
-        """The lock side this run contends on: the lock kind of its mode
-        (:func:`~celery_zklock.locks.contenders.lock_kind`) on its path, or on each of its paths."""
+    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
+        """Acquire on the lock side this run contends on (the lock kind of its mode, see
+        :func:`~celery_zklock.locks.contenders.lock_kind`, on its path or on each of its paths),
+        hold, release, then the verdict on a lease lost meanwhile; ZooKeeper failing while
+        acquiring is the ``unavailable`` situation."""
         kind = self.call.kind
-        if len(self.paths) > 1:
-            return MultiLock(client, self.paths, kind=kind)
-        return Mutex(client, self.path, kind=kind)
-
-    def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
+        side = (
+            MultiLock(client, self.paths, kind=kind)
+            if len(self.paths) > 1
+            else Mutex(client, self.path, kind=kind)
+        )
         if self.options.debounce is not None and self.in_worker and not self.request.retries:
             debounced = debounce.before_lock(self, client)  # or sent back to wait its window
             if debounced is not None:
                 return debounced
         try:
-            skipped = self._acquire(client, side)
+            try:
+                skipped = self._acquire(client, side)
+            except (ZooKeeperUnavailable, KazooException) as exc:
+                self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
             if lease is None:
                 return skipped
@@ -272,12 +277,6 @@ class LockedRun:
     # -- acquire --------------------------------------------------------------------------
     def _acquire(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         """Take the lock into ``self.lease`` under the busy policy; else return a skip result."""
-        try:
-            return self._acquire_by_policy(client, side)
-        except (ZooKeeperUnavailable, KazooException) as exc:
-            self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
-
-    def _acquire_by_policy(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         task, request = self.task, self.request
         identity = node_identity(task, request, self.generation)
         retries = request.retries or 0
