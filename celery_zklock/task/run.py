@@ -310,28 +310,27 @@ class LockedRun:
                     continue
             if not settled:
                 delivery.ignore_if_finished(task, self.path, self._log)
-            elif retries or self._outlived_the_broker_bound() or self._sent_back():
+            elif retries or self._a_copy_may_have_run():
                 # A copy (of an earlier attempt, or of this message, handed out again while it
                 # waited here) may have ended the call meanwhile: one look.
                 delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
             return None
 
-    def _sent_back(self) -> bool:
-        """Whether this message was sent back to ride an outage out: published before the run
-        that sent it was acknowledged, which a worker dying between the two leaves behind."""
+    def _a_copy_may_have_run(self) -> bool:
+        """Whether another copy of this message may have run: it reached its worker longer ago
+        than the broker's redelivery bound (the worker's receipt,
+        :data:`~celery_zklock.task.options.RECEIPT_FIELD`: the broker may have handed out a copy
+        meanwhile), or it was sent back (:mod:`celery_zklock.task.sendback`: to ride an outage
+        out, or to wait for its rate window), published before the run that sent it was
+        acknowledged, which a worker dying between the two leaves behind."""
         request = self.request
-        return (
-            outage.unavailable_since(request) is not None or sendback.first_due(request) is not None
-        )
-
-    def _outlived_the_broker_bound(self) -> bool:
-        """Whether this message reached its worker longer ago than the broker's redelivery
-        bound (the worker's receipt, :data:`~celery_zklock.task.options.RECEIPT_FIELD`): the
-        broker may have handed out a copy meanwhile."""
-        received = getattr(self.request, RECEIPT_FIELD, None)
-        if not isinstance(received, (int, float)):
-            return False
-        return time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+        received = getattr(request, RECEIPT_FIELD, None)
+        if isinstance(received, (int, float)) and (
+            time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+        ):
+            return True
+        since = sendback.header_number(request, outage.UNAVAILABLE_SINCE)
+        return since is not None or sendback.header_number(request, sendback.FIRST_DUE) is not None
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool
