@@ -267,7 +267,7 @@ class LockedRun:
             )
         # A process's client that lost its connection: give the pool slot back soon rather
         # than wait in it for requests kazoo queues until it connects again.
-        if not outage.wait_connected(client, CONNECTED_PATIENCE):
+        if not client.connected and not outage.wait_connected(client, CONNECTED_PATIENCE):
             self._unavailable(
                 f"no connection to ZooKeeper at {config.hosts!r} for {CONNECTED_PATIENCE}s",
                 ZooKeeperUnavailable("not connected"),
