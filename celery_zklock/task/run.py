@@ -121,6 +121,7 @@ class LockedRun:
         self.lease: HeldLease | None = None
         self.started = time.monotonic()
         self.granted_at: float | None = None
+        self.fence: int | tuple[int, ...] = 0  # once granted: the lease's, for its events
         self.lost_told = False
         self.lost_told_event: threading.Event | None = None
 
@@ -190,7 +191,7 @@ class LockedRun:
                 return skipped
             if self.options.rate is not None and (refused := self._admit(client)) is not None:
                 return refused
-            self.granted_at = time.monotonic()
+            self.granted_at, self.fence = time.monotonic(), fence_of(lease)
             if self.in_worker:
                 visibility.started(self.task)
             result = self._hold(lease, body)
@@ -201,7 +202,7 @@ class LockedRun:
                 "preempted" if loss_code(lease) is LossCode.PREEMPTED else "lost",
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
-                f"{fence_of(lease)}) was lost while the task ran: {lease.lost_reason}",
+                f"{self.fence}) was lost while the task ran: {lease.lost_reason}",
                 code=loss_code(lease),
             )
         return result
@@ -497,7 +498,7 @@ class LockedRun:
         """Announce the grant, arm the body's interruption and run it (None if lost)."""
         task, task_id, path = self.task, self.task_id, self.path
         waited = (self.granted_at or self.started) - self.started
-        emit(task, "acquired", path, task_id=task_id, token=fence_of(lease), mode=self.options.mode,
+        emit(task, "acquired", path, task_id=task_id, token=self.fence, mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
 
@@ -509,7 +510,7 @@ class LockedRun:
             try:
                 if interruption is not None:
                     interruption.fire(reason)
-                emit(task, "lost", path, task_id=task_id, token=fence_of(lease), reason=reason,
+                emit(task, "lost", path, task_id=task_id, token=self.fence, reason=reason,
                      code=loss_code(lease))  # fmt: skip
             finally:
                 told.set()
@@ -553,10 +554,10 @@ class LockedRun:
         if self.granted_at is not None:  # announced: tell that it ended
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
-                emit(self.task, "lost", self.path, task_id=self.task_id, token=fence_of(lease),
+                emit(self.task, "lost", self.path, task_id=self.task_id, token=self.fence,
                      reason=lease.lost_reason, code=loss_code(lease))  # fmt: skip
             held = time.monotonic() - self.granted_at
-            emit(self.task, "released", self.path, task_id=self.task_id, token=fence_of(lease),
+            emit(self.task, "released", self.path, task_id=self.task_id, token=self.fence,
                  held=held, lost=lease.lost)  # fmt: skip
 
     def _log(self, event: str, path: str, **fields: Any) -> None:
