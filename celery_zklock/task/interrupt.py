@@ -350,28 +350,18 @@ class _GreenletKill(Interruption):
         self._armed = False
 
 
-def _current_gevent_greenlet() -> Any | None:
-    if "gevent" not in sys.modules:
-        return None
-    from gevent import getcurrent, monkey
-
-    if not monkey.is_module_patched("threading"):
-        return None
-    current = getcurrent()
-    if getattr(current, "parent", None) is None:  # the main greenlet of the thread
-        return None
-    return current
-
-
 def arm() -> Interruption:
     """Prepare to interrupt the body that is about to run on this thread or greenlet.
 
     Raises :class:`~celery_zklock.errors.ConfigurationError` when the interruption needs a
     signal and the configured one is refused (see :func:`interrupt_signal`).
     """
-    greenlet = _current_gevent_greenlet()
-    if greenlet is not None:
-        return _GreenletKill(greenlet)
+    if "gevent" in sys.modules:
+        from gevent import getcurrent, monkey
+
+        current = getcurrent()  # gevent's threads, in a greenlet not its thread's main one:
+        if monkey.is_module_patched("threading") and getattr(current, "parent", None) is not None:
+            return _GreenletKill(current)
     if threading.current_thread() is threading.main_thread():
         return _MainThreadSignal()
     return _ThreadAsyncException()

@@ -581,6 +581,9 @@ class TaskLockSpec:
     task_name: str
     options: LockOptions
     keys: KeyBuilder
+    kind: LockKind
+    """The lock kind of the task's mode (:func:`~celery_zklock.locks.contenders.lock_kind`):
+    every call's, as neither the mode nor the limit is per call."""
     _calls: dict[Any, LockOptions] = dataclasses.field(default_factory=dict, compare=False)
     """Each call's overrides validated once per process: their items (with each value's
     type, as ``1``, ``1.0`` and ``True`` are equal) -> the call's options."""
@@ -615,7 +618,8 @@ class TaskLockSpec:
         # shows the callable that replaces it, with the task's own parameters).
         keys = KeyBuilder.for_callable(name, signature_of_run(task_class), attrs["lock_key"])
         attrs["lock_key"] = keys.lock_key
-        spec = cls(name, options_from_task(name, attrs), keys)
+        options = options_from_task(name, attrs)
+        spec = cls(name, options, keys, lock_kind(options.mode, options.limit))
         check_redelivery(name, task_class)
         expect_preempted(task_class)
         return spec
@@ -649,11 +653,11 @@ class TaskLockSpec:
         paths: tuple[str, ...] | None = None,
     ) -> LockedCall:
         """One call resolved: its ``options`` (:meth:`for_call`'s), its lock paths (``paths``
-        when the caller has them already, as the gate tells a run) and its lock kind. Raises
-        what :meth:`paths` raises."""
+        when the caller has them already, as the gate tells a run) and its lock kind
+        (:attr:`kind`). Raises what :meth:`paths` raises."""
         if paths is None:
             paths = self.paths(root, args, kwargs)
-        return LockedCall(options, paths, lock_kind(options.mode, options.limit))
+        return LockedCall(options, paths, self.kind)
 
     def path(self, root: str, args: Any, kwargs: Any) -> str:
         """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``

@@ -57,8 +57,6 @@ def ride_out(task: Any, request: Any, since: float, due: float | None) -> SentBa
 
 def wait_connected(client: KazooClient, timeout: float) -> bool:
     """Whether ``client`` is connected, waiting up to ``timeout`` seconds for it to be."""
-    if client.connected:
-        return True
     connected = client.handler.event_object()
 
     def listen(state: str) -> None:

@@ -121,6 +121,7 @@ class LockedRun:
         self.lease: HeldLease | None = None
         self.started = time.monotonic()
         self.granted_at: float | None = None
+        self.fence: int | tuple[int, ...] = 0  # once granted: the lease's, for its events
         self.lost_told = False
         self.lost_told_event: threading.Event | None = None
 
@@ -135,7 +136,7 @@ class LockedRun:
             self._remove_marker(client, starting=True)
         keep_marker = False
         try:
-            return self._run(client, self._side(client), body)
+            return self._run(client, body)
         except Retry:
             keep_marker = True  # the retry's message carries this task id: the marker is its own
             raise
@@ -165,27 +166,32 @@ class LockedRun:
                 )
             self._log("marker-left", self.path, error=repr(exc))
 
-    def _side(self, client: KazooClient) -> Mutex | MultiLock:
-        """The lock side this run contends on: the lock kind of its mode
-        (:func:`~celery_zklock.locks.contenders.lock_kind`) on its path, or on each of its paths."""
+    def _run(self, client: KazooClient, body: Callable[[], Any]) -> Any:
+        """Acquire on the lock side this run contends on (the lock kind of its mode, see
+        :func:`~celery_zklock.locks.contenders.lock_kind`, on its path or on each of its paths),
+        hold, release, then the verdict on a lease lost meanwhile; ZooKeeper failing while
+        acquiring is the ``unavailable`` situation."""
         kind = self.call.kind
-        if len(self.paths) > 1:
-            return MultiLock(client, self.paths, kind=kind)
-        return Mutex(client, self.path, kind=kind)
-
-    def _run(self, client: KazooClient, side: Mutex | MultiLock, body: Callable[[], Any]) -> Any:
+        side = (
+            MultiLock(client, self.paths, kind=kind)
+            if len(self.paths) > 1
+            else Mutex(client, self.path, kind=kind)
+        )
         if self.options.debounce is not None and self.in_worker and not self.request.retries:
             debounced = debounce.before_lock(self, client)  # or sent back to wait its window
             if debounced is not None:
                 return debounced
         try:
-            skipped = self._acquire(client, side)
+            try:
+                skipped = self._acquire(client, side)
+            except (ZooKeeperUnavailable, KazooException) as exc:
+                self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
             lease = self.lease  # from the moment acquire returned it, the finally releases it
             if lease is None:
                 return skipped
             if self.options.rate is not None and (refused := self._admit(client)) is not None:
                 return refused
-            self.granted_at = time.monotonic()
+            self.granted_at, self.fence = time.monotonic(), fence_of(lease)
             if self.in_worker:
                 visibility.started(self.task)
             result = self._hold(lease, body)
@@ -196,7 +202,7 @@ class LockedRun:
                 "preempted" if loss_code(lease) is LossCode.PREEMPTED else "lost",
                 self.options.on_lost,
                 f"task {self.task.name!r} [{self.task_id}]: lock {self.path} (token "
-                f"{fence_of(lease)}) was lost while the task ran: {lease.lost_reason}",
+                f"{self.fence}) was lost while the task ran: {lease.lost_reason}",
                 code=loss_code(lease),
             )
         return result
@@ -262,7 +268,7 @@ class LockedRun:
             )
         # A process's client that lost its connection: give the pool slot back soon rather
         # than wait in it for requests kazoo queues until it connects again.
-        if not outage.wait_connected(client, CONNECTED_PATIENCE):
+        if not client.connected and not outage.wait_connected(client, CONNECTED_PATIENCE):
             self._unavailable(
                 f"no connection to ZooKeeper at {config.hosts!r} for {CONNECTED_PATIENCE}s",
                 ZooKeeperUnavailable("not connected"),
@@ -272,12 +278,6 @@ class LockedRun:
     # -- acquire --------------------------------------------------------------------------
     def _acquire(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         """Take the lock into ``self.lease`` under the busy policy; else return a skip result."""
-        try:
-            return self._acquire_by_policy(client, side)
-        except (ZooKeeperUnavailable, KazooException) as exc:
-            self._unavailable(f"ZooKeeper failed while acquiring lock {self.path}: {exc}", exc)
-
-    def _acquire_by_policy(self, client: KazooClient, side: Mutex | MultiLock) -> Any:
         task, request = self.task, self.request
         identity = node_identity(task, request, self.generation)
         retries = request.retries or 0
@@ -311,28 +311,27 @@ class LockedRun:
                     continue
             if not settled:
                 delivery.ignore_if_finished(task, self.path, self._log)
-            elif retries or self._outlived_the_broker_bound() or self._sent_back():
+            elif retries or self._a_copy_may_have_run():
                 # A copy (of an earlier attempt, or of this message, handed out again while it
                 # waited here) may have ended the call meanwhile: one look.
                 delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
             return None
 
-    def _sent_back(self) -> bool:
-        """Whether this message was sent back to ride an outage out: published before the run
-        that sent it was acknowledged, which a worker dying between the two leaves behind."""
+    def _a_copy_may_have_run(self) -> bool:
+        """Whether another copy of this message may have run: it reached its worker longer ago
+        than the broker's redelivery bound (the worker's receipt,
+        :data:`~celery_zklock.task.options.RECEIPT_FIELD`: the broker may have handed out a copy
+        meanwhile), or it was sent back (:mod:`celery_zklock.task.sendback`: to ride an outage
+        out, or to wait for its rate window), published before the run that sent it was
+        acknowledged, which a worker dying between the two leaves behind."""
         request = self.request
-        return (
-            outage.unavailable_since(request) is not None or sendback.first_due(request) is not None
-        )
-
-    def _outlived_the_broker_bound(self) -> bool:
-        """Whether this message reached its worker longer ago than the broker's redelivery
-        bound (the worker's receipt, :data:`~celery_zklock.task.options.RECEIPT_FIELD`): the
-        broker may have handed out a copy meanwhile."""
-        received = getattr(self.request, RECEIPT_FIELD, None)
-        if not isinstance(received, (int, float)):
-            return False
-        return time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+        received = getattr(request, RECEIPT_FIELD, None)
+        if isinstance(received, (int, float)) and (
+            time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+        ):
+            return True
+        since = sendback.header_number(request, outage.UNAVAILABLE_SINCE)
+        return since is not None or sendback.header_number(request, sendback.FIRST_DUE) is not None
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool
@@ -499,7 +498,7 @@ class LockedRun:
         """Announce the grant, arm the body's interruption and run it (None if lost)."""
         task, task_id, path = self.task, self.task_id, self.path
         waited = (self.granted_at or self.started) - self.started
-        emit(task, "acquired", path, task_id=task_id, token=fence_of(lease), mode=self.options.mode,
+        emit(task, "acquired", path, task_id=task_id, token=self.fence, mode=self.options.mode,
              waited=waited)  # fmt: skip
         interruption: Interruption | None = None
 
@@ -511,7 +510,7 @@ class LockedRun:
             try:
                 if interruption is not None:
                     interruption.fire(reason)
-                emit(task, "lost", path, task_id=task_id, token=fence_of(lease), reason=reason,
+                emit(task, "lost", path, task_id=task_id, token=self.fence, reason=reason,
                      code=loss_code(lease))  # fmt: skip
             finally:
                 told.set()
@@ -555,10 +554,10 @@ class LockedRun:
         if self.granted_at is not None:  # announced: tell that it ended
             if lease.lost and not self.lost_told:  # found at the release: tell it too, once
                 self.lost_told = True
-                emit(self.task, "lost", self.path, task_id=self.task_id, token=fence_of(lease),
+                emit(self.task, "lost", self.path, task_id=self.task_id, token=self.fence,
                      reason=lease.lost_reason, code=loss_code(lease))  # fmt: skip
             held = time.monotonic() - self.granted_at
-            emit(self.task, "released", self.path, task_id=self.task_id, token=fence_of(lease),
+            emit(self.task, "released", self.path, task_id=self.task_id, token=self.fence,
                  held=held, lost=lease.lost)  # fmt: skip
 
     def _log(self, event: str, path: str, **fields: Any) -> None:

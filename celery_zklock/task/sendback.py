@@ -10,7 +10,7 @@ call waits). The message carries the instant its call first reached a gate
 (ahead of calls made after it) and its ``lock_timeout`` goes on counting from there. The message
 is published before the run's own is acknowledged: a worker that dies between the two leaves
 both, and the run of the second looks once for a final state first
-(:meth:`celery_zklock.task.run.LockedRun._acquire_by_policy`).
+(:meth:`celery_zklock.task.run.LockedRun._acquire`).
 """
 
 from __future__ import annotations
