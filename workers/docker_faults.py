@@ -93,11 +93,7 @@ class DockerFaultInjector(FaultInjector):
         not have stored its result (the checker's ``died_before_its_ack``), as the holder a
         ``kill`` picks often has (its lock node goes at its release, after its body's end)."""
         now = time.time()
-        self._sections.refresh()
-        seen = (*self._sections.entered.values(), *self._sections.exited.values())
-        for hostname, pid in sorted(
-            {(e.hostname, e.pid) for e in seen if _in(container, e.hostname)}
-        ):
+        for hostname, pid in self._sections.ran_sections(lambda host, _: _in(container, host)):
             self._recorder.record_kill(hostname, pid, now, late=late)
 
     def _open_in(self, container: Container) -> list[tuple[str, int]]:

@@ -309,6 +309,16 @@ class OpenSections:
         self._cursor += len(raw)
         return list(self._open.values())
 
+    def ran_sections(self, where: Callable[[str, int], bool]) -> list[tuple[str, int]]:
+        """``(hostname, pid)`` of every process ``where`` picks that entered a section in the
+        run (read afresh), its sections open or not: the processes a kill of a whole worker or
+        container takes. One whose body had just ended may not have stored its result yet (the
+        checker's ``died_before_its_ack``), as the holder a kill picks often has: its lock node
+        goes at its release, after its body's end."""
+        self.refresh()
+        seen = (*self.entered.values(), *self.exited.values())
+        return sorted({(e.hostname, e.pid) for e in seen if where(e.hostname, e.pid)})
+
 
 @dataclass
 class FaultEnvironment:
@@ -683,10 +693,11 @@ class FaultInjector:
         _wait_for(lambda: not any(pid_alive(pid) for pid in pids), 10.0)
         now = time.time()
         # Read after every process is gone: a section entered just before the kill is included.
-        dead = {(e.hostname, e.pid) for e in self._sections.refresh()}
-        for hostname, pid in sorted(dead):
-            if hostname == worker.nodename:
-                self._recorder.record_kill(hostname, pid, now)
+        killed = set(pids)
+        for hostname, pid in self._sections.ran_sections(
+            lambda hostname, pid: hostname == worker.nodename and pid in killed
+        ):
+            self._recorder.record_kill(hostname, pid, now)
         started = time.monotonic()
         try:
             fleet.restart(worker)
