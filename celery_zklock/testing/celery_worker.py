@@ -19,7 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from celery_zklock.testing.processes import ChildProcess, StackError, descendants
+from celery_zklock.testing.processes import (
+    ChildProcess,
+    StackError,
+    descendants,
+    group_alive,
+    wait_until,
+)
 
 __all__ = [
     "CeleryWorker",
@@ -30,6 +36,8 @@ __all__ = [
 ]
 
 PING_TIMEOUT = 0.5
+GROUP_KILL_TIMEOUT = 5.0
+"""Seconds a SIGKILL of a worker's process group is given to take every process of it."""
 
 
 def worker_options(pool: str, concurrency: int, loglevel: str = "info") -> list[str]:
@@ -105,7 +113,9 @@ class CeleryWorker(ChildProcess):
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM (a warm shutdown), SIGKILL after ``grace`` seconds; then SIGKILL whatever is
-        left of its process group (pool processes). Returns once the main process is gone."""
+        left of its process group (pool processes). Returns once the main process and every
+        process of its group are dead (a killed orphan may stay a zombie until PID 1 reaps
+        it)."""
         group = self.pid
         try:
             super().stop(grace)
@@ -113,7 +123,8 @@ class CeleryWorker(ChildProcess):
             self._signal_group(group)
 
     def kill(self, timeout: float = 10.0) -> None:
-        """SIGKILL the whole process group at once; returns once the main process is gone."""
+        """SIGKILL the whole process group at once; returns once the main process is gone (and
+        every process of its group dead, as :meth:`stop`)."""
         self._signal_group(self.pid)
         super().kill(timeout)
 
@@ -126,6 +137,8 @@ class CeleryWorker(ChildProcess):
         if group is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
+            if sig == signal.SIGKILL:  # delivered at the processes' next run: wait for it
+                wait_until(lambda: not group_alive(group), GROUP_KILL_TIMEOUT)
 
 
 def wait_until_answering(app: Any, workers: Iterable[CeleryWorker], timeout: float) -> None:

@@ -218,6 +218,20 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a live process (not a zombie) of process group ``pgid`` is left, from /proc."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                return True
+    return False
+
+
 # ----------------------------------------------------------------------------------- waiting
 
 
