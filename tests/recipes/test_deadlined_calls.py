@@ -35,15 +35,10 @@ def pending(_: str) -> str:
 
 
 @pytest.fixture
-def server(zk_stack_factory: StackFactory) -> Iterator[ZooKeeperServer]:
-    """A standalone server of this test's own, resumed (SIGCONT) before it is stopped."""
-    started = zk_stack_factory.server()
-    try:
-        yield started
-    finally:
-        pid = started.node.pid if started.is_started() else None
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
+def server(zk_stack_factory: StackFactory) -> ZooKeeperServer:
+    """A standalone server of this test's own; the factory stops it, paused or not (a stop
+    sends SIGCONT after SIGTERM: ChildProcess.stop)."""
+    return zk_stack_factory.server()
 
 
 @pytest.fixture

@@ -31,14 +31,10 @@ BOUND = 5.0
 
 
 @pytest.fixture
-def server(zk_stack_factory: StackFactory) -> Iterator[ZooKeeperServer]:
-    started = zk_stack_factory.server()
-    try:
-        yield started
-    finally:
-        pid = started.node.pid if started.is_started() else None
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)  # a paused server hears SIGTERM only then
+def server(zk_stack_factory: StackFactory) -> ZooKeeperServer:
+    """A standalone server of this test's own; the factory stops it, paused or not (a stop
+    sends SIGCONT after SIGTERM: ChildProcess.stop)."""
+    return zk_stack_factory.server()
 
 
 @pytest.fixture
