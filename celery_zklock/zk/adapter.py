@@ -71,7 +71,6 @@ from kazoo.protocol.serialization import (
     multiheader_struct,
     read_string,
     stat_struct,
-    write_buffer,
     write_string,
 )
 from kazoo.security import ACL, OPEN_ACL_UNSAFE
@@ -241,53 +240,38 @@ def discard_data_watcher(client: KazooClient, path: str, callback: Any) -> None:
         watchers.discard(callback)
 
 
-class CreateContainer:
+class CreateContainer(Create2):  # type: ignore[misc]
     """``createContainer`` (opcode 19): a parent the server deletes once its last child is gone.
 
-    The request body is a CreateRequest with the CONTAINER flag; the response is a
-    Create2Response (path and stat).
+    ``create2`` under another opcode: the body is a CreateRequest (with the CONTAINER flag) and
+    the response a Create2Response (path and stat), which kazoo's ``Create2`` writes and reads.
     """
 
     type: ClassVar[int] = 19
 
-    def __init__(self, path: str, data: bytes, acl: list[ACL], flags: int) -> None:
-        self.path = path
-        self.data = data
-        self.acl = acl
-        self.flags = flags
 
-    def serialize(self) -> bytearray:
-        body = bytearray()
-        body.extend(write_string(self.path))
-        body.extend(write_buffer(self.data))
-        body.extend(int_struct.pack(len(self.acl)))
-        for acl in self.acl:
-            body.extend(int_struct.pack(acl.perms))
-            body.extend(write_string(acl.id.scheme))
-            body.extend(write_string(acl.id.id))
-        body.extend(int_struct.pack(self.flags))
-        return body
-
-    @classmethod
-    def deserialize(cls, data: bytes, offset: int) -> tuple[str, ZnodeStat]:
-        path, offset = read_string(data, offset)
-        return path, ZnodeStat._make(stat_struct.unpack_from(data, offset))
-
-
-class CreateTTL(CreateContainer):
+class CreateTTL:
     """``createTTL`` (opcode 21): a persistent node the server deletes once it has had no child
-    and no change for ``ttl`` milliseconds. The body is a CreateRequest plus the TTL (a long)."""
+    and no change for ``ttl`` milliseconds. The body is a CreateRequest plus the TTL (a long);
+    the response a Create2Response."""
 
     type: ClassVar[int] = 21
 
     def __init__(self, path: str, data: bytes, acl: list[ACL], flags: int, ttl_ms: int) -> None:
-        super().__init__(path, data, acl, flags)
+        self.path = path
+        self.data = data
+        self.acl = acl
+        self.flags = flags
         self.ttl_ms = ttl_ms
 
     def serialize(self) -> bytearray:
-        body = super().serialize()
+        body: bytearray = Create2(self.path, self.data, self.acl, self.flags).serialize()
         body.extend(long_struct.pack(self.ttl_ms))
         return body
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> tuple[str, ZnodeStat]:
+        return Create2.deserialize(data, offset)  # type: ignore[no-any-return]
 
 
 class RemoveWatches:
