@@ -76,8 +76,7 @@ def poll_select(
 class PollingThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
     """kazoo's threading handler with :func:`poll_select` as its ``select``."""
 
-    def select(self, *args: Any, **kwargs: Any) -> tuple[list[Any], list[Any], list[Any]]:
-        return poll_select(*args, **kwargs)
+    select = staticmethod(poll_select)
 
 
 class DirectSocketConnection(ConnectionHandler):  # type: ignore[misc]
