@@ -76,10 +76,14 @@ os.register_at_fork(after_in_child=reset)
 class OutageLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     """kazoo's logger for the library's clients: passes the first reconnect warning of an
     outage, with a note, drops the rest of that outage's (see the module docstring), and
-    passes every other record as it is."""
+    passes every other record as it is.
 
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        if level == logging.WARNING and str(msg).startswith(RECONNECT_WARNINGS):
+    Only ``warning`` is overridden: kazoo (2.9 to 2.11) logs every reconnect warning with
+    ``logger.warning(...)``, and its other records (a debug line or two per request) take
+    ``LoggerAdapter``'s own path."""
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if str(msg).startswith(RECONNECT_WARNINGS):
             outage = _outage
             with outage.lock:
                 outage.last_failed = time.monotonic()
@@ -91,11 +95,10 @@ class OutageLog(logging.LoggerAdapter):  # type: ignore[type-arg]
                 f"{msg} (ZooKeeper out of reach; kazoo keeps reconnecting: its other reconnect "
                 "warnings are left out until a client of this process connects again)"
             )
-        super().log(level, msg, *args, **kwargs)
-
-    def warn(self, msg: object, *args: Any, **kwargs: Any) -> None:
-        """kazoo's one ``logger.warn(...)`` call (gone from ``LoggerAdapter`` in newer Pythons)."""
         self.log(logging.WARNING, msg, *args, **kwargs)
+
+    # kazoo's one ``logger.warn(...)`` call (``LoggerAdapter.warn`` is gone in newer Pythons).
+    warn = warning
 
 
 KAZOO_LOG: Final = OutageLog(logging.getLogger(KAZOO_LOGGER), {})
