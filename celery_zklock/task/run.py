@@ -51,7 +51,6 @@ from celery_zklock.task.options import (
     TaskLockSpec,
     received_at,
     request_overrides,
-    resolved_paths,
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
@@ -110,11 +109,10 @@ class LockedRun:
         self.task = task
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.settings = settings_of(task.app)
-        options = spec.for_call(request_overrides(request))
-        self.call = spec.resolve(self.settings.root, args, kwargs, options, resolved_paths(request))
-        self.options: LockOptions = self.call.options
-        self.paths = self.call.paths
-        self.path = self.call.path  # for messages: the one path, or all of them
+        self.options: LockOptions = spec.for_call(request_overrides(request))
+        self.paths = spec.paths(self.settings.root, args, kwargs, request)  # or the gate's
+        self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
+        self.kind = spec.kind  # the mode's, on each path (the mode is never per call)
         self.task_id = request.id
         self.generation = generation_of_run(request)  # see celery_zklock.task.generation
         self.in_worker = not (request.called_directly or request.is_eager)
@@ -171,11 +169,10 @@ class LockedRun:
         :func:`~celery_zklock.locks.contenders.lock_kind`, on its path or on each of its paths),
         hold, release, then the verdict on a lease lost meanwhile; ZooKeeper failing while
         acquiring is the ``unavailable`` situation."""
-        kind = self.call.kind
         side = (
-            MultiLock(client, self.paths, kind=kind)
+            MultiLock(client, self.paths, kind=self.kind)
             if len(self.paths) > 1
-            else Mutex(client, self.path, kind=kind)
+            else Mutex(client, self.path, kind=self.kind)
         )
         if self.options.debounce is not None and self.in_worker and not self.request.retries:
             debounced = debounce.before_lock(self, client)  # or sent back to wait its window
