@@ -41,8 +41,7 @@ from celery_zklock.locks.rate import RATE_NODE, RateLimit
 from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
-from celery_zklock.task.generation import is_newer
-from celery_zklock.task.generation import of_run as generation_of_run
+from celery_zklock.task.generation import is_newer, of_request
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
 from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
@@ -114,7 +113,7 @@ class LockedRun:
         self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
         self.kind = spec.kind  # the mode's, on each path (the mode is never per call)
         self.task_id = request.id
-        self.generation = generation_of_run(request)  # see celery_zklock.task.generation
+        self.generation = of_request(request, run=True)  # see celery_zklock.task.generation
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: HeldLease | None = None
         self.started = time.monotonic()
