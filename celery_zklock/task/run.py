@@ -68,13 +68,9 @@ unreachable (the client reconnects within about a second of ZooKeeper answering)
 MAX_LOOKS: Final = 3
 """Try-locks a busy run makes while the holder keeps going before it can be named."""
 
-_held = threading.local()
-
-
-def current_lease() -> HeldLease | None:
-    """The lease of the innermost locked body running on this thread (or greenlet), if any."""
-    stack: list[HeldLease] = getattr(_held, "stack", [])
-    return stack[-1] if stack else None
+held_leases = threading.local()
+"""Per thread (or greenlet), ``stack``: the leases of the locked bodies running there, the
+innermost last (the one ``ZkLockTask.lock`` gives)."""
 
 
 def fence_of(lease: HeldLease) -> int | tuple[int, ...]:
@@ -511,7 +507,7 @@ class LockedRun:
             finally:
                 told.set()
 
-        stack: list[HeldLease] = _held.__dict__.setdefault("stack", [])
+        stack: list[HeldLease] = held_leases.__dict__.setdefault("stack", [])
         try:
             try:
                 stack.append(lease)
