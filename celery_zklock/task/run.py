@@ -53,7 +53,7 @@ from celery_zklock.task.options import (
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import broker_redelivery_timeout, settings_of
+from celery_zklock.zk.settings import settings_of
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
@@ -319,7 +319,7 @@ class LockedRun:
         request = self.request
         received = getattr(request, RECEIPT_FIELD, None)
         if isinstance(received, (int, float)) and (
-            time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+            time.time() - received > self.settings.redelivery_timeout
         ):
             return True
         since = sendback.header_number(request, outage.UNAVAILABLE_SINCE)

@@ -349,6 +349,12 @@ class Settings:
         return _seconds(self._app.conf, "zklock_dedupe_timeout", DEFAULT_DEDUPE_TIMEOUT)
 
     @cached_property
+    def redelivery_timeout(self) -> float:
+        """Seconds after which the app's broker hands out again a message received and not
+        yet acknowledged (:func:`broker_redelivery_timeout`)."""
+        return broker_redelivery_timeout(self._app.conf)
+
+    @cached_property
     def gate(self) -> GateConfig:
         """The worker gate's part, and the outage budget of every locked call."""
         conf = self._app.conf
@@ -365,7 +371,7 @@ class Settings:
         if explicit is not None:
             max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
         else:
-            max_hold = 0.8 * broker_redelivery_timeout(conf)
+            max_hold = 0.8 * self.redelivery_timeout
         budget = _seconds(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
         enabled = _flag(conf, "zklock_gate", True)
         return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)
