@@ -13,9 +13,10 @@ count the other way round. The skew never lets two runs preempt each other (a ru
 a strictly older generation, and keeps its own), it only decides which of the two wins.
 
 A call that arrives without one (sent by name with ``app.send_task``, or by an older version)
-takes one when its first attempt runs (:func:`of_run`: the worker's clock at that moment), kept
-by its retries. A retry of a call that never had one (sent by an older version and first run
-by an older version's worker) has none: it counts as older than every call with one.
+takes one when its first attempt runs (:func:`of_request` with ``run``: the worker's clock at
+that moment), kept by its retries. A retry of a call that never had one (sent by an older
+version and first run by an older version's worker) has none: it counts as older than every
+call with one.
 """
 
 from __future__ import annotations
@@ -50,25 +51,22 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def of_request(request: Any) -> int | None:
+def of_request(request: Any, *, run: bool = False) -> int | None:
     """The generation ``request``'s message carries, or None (in a worker a message's custom
-    headers become request attributes; elsewhere they stay in ``headers``)."""
+    headers become request attributes; elsewhere they stay in ``headers``). With ``run`` (the
+    generation of the run of ``request``): a first attempt sent without one takes a new one,
+    set on ``request`` so that its retries keep it; a retry sent without one stays None."""
     value = getattr(request, GENERATION_HEADER, None)
     if value is None:
         headers = getattr(request, "headers", None)
         value = headers.get(GENERATION_HEADER) if isinstance(headers, Mapping) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def of_run(request: Any) -> int | None:
-    """The generation of the run of ``request``: its message's; for a first attempt sent
-    without one, a new one, set on ``request`` so that its retries keep it; None for a retry
-    sent without one."""
-    generation = of_request(request)
-    if generation is None and not request.retries:
-        generation = next_generation()
-        setattr(request, GENERATION_HEADER, generation)
-    return generation
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if run and not request.retries:
+        value = next_generation()
+        setattr(request, GENERATION_HEADER, value)
+        return value
+    return None
 
 
 def is_newer(generation: int | None, than: int | None) -> bool:

@@ -127,17 +127,15 @@ def _parse_signal() -> signal.Signals | int:
 
 
 class Interruption:
-    """Arms an interruption of one run's body; :meth:`fire` triggers it from any thread."""
+    """Arms an interruption of one run's body; :meth:`fire` triggers it from any thread. Each
+    strategy's constructor arms it and takes the run's own ``token`` (from ``_tokens``), which
+    an interruption of another run never carries."""
 
     strategy = "none"
-
-    def __init__(self) -> None:
-        self.token = next(_tokens)
-        self.fired_reason: str | None = None
+    token: int
 
     def fire(self, reason: str) -> None:
         """Interrupt the run's body (unless disarmed, or called from the run's own context)."""
-        self.fired_reason = reason
         if not self._in_own_context():
             self._interrupt(reason)
 
@@ -184,7 +182,7 @@ class _MainThreadSignal(Interruption):
 
     def __init__(self) -> None:
         signum = int(interrupt_signal())
-        super().__init__()
+        self.token = next(_tokens)
         cls = _MainThreadSignal
         if not cls._armed:
             cls._pending.clear()
@@ -269,7 +267,7 @@ class _ThreadAsyncException(Interruption):
     strategy = "async-exception"
 
     def __init__(self) -> None:
-        super().__init__()
+        self.token = next(_tokens)
         self.thread_id = threading.get_ident()
         with _thread_runs_lock:
             self._runs = _thread_runs.setdefault(self.thread_id, _ThreadRuns())
@@ -322,7 +320,7 @@ class _GreenletKill(Interruption):
     strategy = "greenlet"
 
     def __init__(self, greenlet: Any) -> None:
-        super().__init__()
+        self.token = next(_tokens)
         self.greenlet = greenlet
         self._armed = True
 

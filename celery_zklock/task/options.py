@@ -644,20 +644,12 @@ class TaskLockSpec:
     def _overridden(self, overrides: Mapping[str, object]) -> LockOptions:
         return with_call_overrides(self.options, self.task_name, overrides)
 
-    def resolve(
-        self,
-        root: str,
-        args: Any,
-        kwargs: Any,
-        options: LockOptions,
-        paths: tuple[str, ...] | None = None,
-    ) -> LockedCall:
-        """One call resolved: its ``options`` (:meth:`for_call`'s), its lock paths (``paths``
-        when the caller has them already, as the gate tells a run) and its lock kind
-        (:attr:`kind`). Raises what :meth:`paths` raises."""
-        if paths is None:
-            paths = self.paths(root, args, kwargs)
-        return LockedCall(options, paths, self.kind)
+    def resolve(self, root: str, args: Any, kwargs: Any, options: LockOptions) -> LockedCall:
+        """One call resolved, as the worker's gate holds it: its ``options`` (:meth:`for_call`'s),
+        its lock paths (:meth:`paths`) and its lock kind (:attr:`kind`). Raises what
+        :meth:`paths` raises."""
+        paths = self.paths(root, args, kwargs)
+        return LockedCall(options, paths, self.kind, " + ".join(paths))
 
     def path(self, root: str, args: Any, kwargs: Any) -> str:
         """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``
@@ -665,10 +657,24 @@ class TaskLockSpec:
         :meth:`KeyBuilder.__call__ <celery_zklock.task.keys.KeyBuilder.__call__>` raises."""
         return f"{root}/{self.options.name}/{self.keys(args, kwargs)}"
 
-    def paths(self, root: str, args: Any, kwargs: Any) -> tuple[str, ...]:
+    def paths(self, root: str, args: Any, kwargs: Any, request: Any = None) -> tuple[str, ...]:
         """Every lock path of one call, sorted: one, or several for a ``lock_key`` of several
-        keys (see :meth:`KeyBuilder.keys <celery_zklock.task.keys.KeyBuilder.keys>`)."""
-        return tuple(f"{root}/{self.options.name}/{key}" for key in self.keys.keys(args, kwargs))
+        keys (see :meth:`KeyBuilder.keys <celery_zklock.task.keys.KeyBuilder.keys>`, which
+        raises for arguments the key cannot take). For a run's ``request``, the paths the gate
+        resolved for this very attempt (:data:`PATHS_FIELD`) when it did, as they are: the run
+        does not build the key again."""
+        carried = getattr(request, PATHS_FIELD, None)  # None without a request
+        if isinstance(carried, (list, tuple)) and len(carried) == 2:
+            paths, retries = carried
+            if (
+                retries == (request.retries or 0)
+                and isinstance(paths, (list, tuple))
+                and paths
+                and all(isinstance(path, str) for path in paths)
+            ):
+                return tuple(paths)
+        prefix = f"{root}/{self.options.name}/"
+        return tuple(map(prefix.__add__, self.keys.keys(args, kwargs)))  # prefix + each key
 
     def key_path(self, root: str, args: Any, kwargs: Any) -> str:
         """:meth:`path` from the key's arguments only (an operator's question, see
@@ -679,19 +685,16 @@ class TaskLockSpec:
 
 @dataclass(frozen=True)
 class LockedCall:
-    """One call of a locked task, resolved once per process (:meth:`TaskLockSpec.resolve`):
-    its options (the task's with the call's overrides), its lock paths (sorted; several for
-    a ``lock_key`` of several keys) and the lock kind of its mode. The gate and the run start
-    from it (the gate's paths reach the run: :data:`PATHS_FIELD`)."""
+    """One call of a locked task as the worker's gate resolves it
+    (:meth:`TaskLockSpec.resolve`): its options (the task's with the call's overrides), its lock
+    paths (sorted; several for a ``lock_key`` of several keys), the lock kind of its mode, and
+    ``path``, for messages and the gate's lines: the one path, or every path joined by
+    ``" + "``. The gate's paths reach the run (:data:`PATHS_FIELD`)."""
 
     options: LockOptions
     paths: tuple[str, ...]
     kind: LockKind
-
-    @property
-    def path(self) -> str:
-        """The one path, or for messages every path joined by ``" + "``."""
-        return self.paths[0] if len(self.paths) == 1 else " + ".join(self.paths)
+    path: str
 
 
 class RedeliveryWarning(UserWarning):
@@ -753,16 +756,6 @@ PATHS_FIELD: Final = "zklock_paths"
 """The request field in which the worker's gate tells the run the lock paths it resolved for
 the call, as ``[[path, ...], retries]``, so the run does not build the key again; taken only
 for the attempt the gate resolved (as :data:`RECEIVED_OPTION`)."""
-
-
-def resolved_paths(request: Any) -> tuple[str, ...] | None:
-    """The lock paths the gate resolved for this very attempt of ``request``, if it did."""
-    value = getattr(request, PATHS_FIELD, None)
-    if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] == (request.retries or 0):
-        paths = value[0]
-        if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) for p in paths):
-            return tuple(paths)
-    return None
 
 
 def received_at(request: Any) -> float | None:

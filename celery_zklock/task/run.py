@@ -41,8 +41,7 @@ from celery_zklock.locks.rate import RATE_NODE, RateLimit
 from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
-from celery_zklock.task.generation import is_newer
-from celery_zklock.task.generation import of_run as generation_of_run
+from celery_zklock.task.generation import is_newer, of_request
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
 from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
@@ -51,11 +50,10 @@ from celery_zklock.task.options import (
     TaskLockSpec,
     received_at,
     request_overrides,
-    resolved_paths,
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
 from celery_zklock.zk.client import get_client
-from celery_zklock.zk.settings import broker_redelivery_timeout, settings_of
+from celery_zklock.zk.settings import settings_of
 
 QUEUE_READ_TIMEOUT: Final = 5.0
 """Seconds ZooKeeper may take to answer a look at the lock's queue (else: unavailable)."""
@@ -70,13 +68,9 @@ unreachable (the client reconnects within about a second of ZooKeeper answering)
 MAX_LOOKS: Final = 3
 """Try-locks a busy run makes while the holder keeps going before it can be named."""
 
-_held = threading.local()
-
-
-def current_lease() -> HeldLease | None:
-    """The lease of the innermost locked body running on this thread (or greenlet), if any."""
-    stack: list[HeldLease] = getattr(_held, "stack", [])
-    return stack[-1] if stack else None
+held_leases = threading.local()
+"""Per thread (or greenlet), ``stack``: the leases of the locked bodies running there, the
+innermost last (the one ``ZkLockTask.lock`` gives)."""
 
 
 def fence_of(lease: HeldLease) -> int | tuple[int, ...]:
@@ -110,13 +104,12 @@ class LockedRun:
         self.task = task
         self.request = request  # read once: each task.request is a lookup in a local stack
         self.settings = settings_of(task.app)
-        options = spec.for_call(request_overrides(request))
-        self.call = spec.resolve(self.settings.root, args, kwargs, options, resolved_paths(request))
-        self.options: LockOptions = self.call.options
-        self.paths = self.call.paths
-        self.path = self.call.path  # for messages: the one path, or all of them
+        self.options: LockOptions = spec.for_call(request_overrides(request))
+        self.paths = spec.paths(self.settings.root, args, kwargs, request)  # or the gate's
+        self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
+        self.kind = spec.kind  # the mode's, on each path (the mode is never per call)
         self.task_id = request.id
-        self.generation = generation_of_run(request)  # see celery_zklock.task.generation
+        self.generation = of_request(request, run=True)  # see celery_zklock.task.generation
         self.in_worker = not (request.called_directly or request.is_eager)
         self.lease: HeldLease | None = None
         self.started = time.monotonic()
@@ -171,11 +164,10 @@ class LockedRun:
         :func:`~celery_zklock.locks.contenders.lock_kind`, on its path or on each of its paths),
         hold, release, then the verdict on a lease lost meanwhile; ZooKeeper failing while
         acquiring is the ``unavailable`` situation."""
-        kind = self.call.kind
         side = (
-            MultiLock(client, self.paths, kind=kind)
+            MultiLock(client, self.paths, kind=self.kind)
             if len(self.paths) > 1
-            else Mutex(client, self.path, kind=kind)
+            else Mutex(client, self.path, kind=self.kind)
         )
         if self.options.debounce is not None and self.in_worker and not self.request.retries:
             debounced = debounce.before_lock(self, client)  # or sent back to wait its window
@@ -327,7 +319,7 @@ class LockedRun:
         request = self.request
         received = getattr(request, RECEIPT_FIELD, None)
         if isinstance(received, (int, float)) and (
-            time.time() - received > broker_redelivery_timeout(self.task.app.conf)
+            time.time() - received > self.settings.redelivery_timeout
         ):
             return True
         since = sendback.header_number(request, outage.UNAVAILABLE_SINCE)
@@ -515,7 +507,7 @@ class LockedRun:
             finally:
                 told.set()
 
-        stack: list[HeldLease] = _held.__dict__.setdefault("stack", [])
+        stack: list[HeldLease] = held_leases.__dict__.setdefault("stack", [])
         try:
             try:
                 stack.append(lease)

@@ -35,7 +35,7 @@ from celery_zklock.task.options import (
     request_overrides,
 )
 from celery_zklock.task.policy import is_skipped
-from celery_zklock.task.run import LockedRun, current_lease
+from celery_zklock.task.run import LockedRun, held_leases
 
 __all__ = ["CALL_OPTION", "ZkLockTask", "has_locked_tasks", "is_skipped", "when_bound"]
 
@@ -144,10 +144,10 @@ class ZkLockTask(Task):  # type: ignore[misc]
     @property
     def lock(self) -> HeldLease:
         """The Lease the running body holds (a MultiLease for several keys), or RuntimeError."""
-        lease = current_lease()
-        if lease is None:
+        stack: list[HeldLease] = getattr(held_leases, "stack", [])  # this thread's bodies'
+        if not stack:
             raise RuntimeError(f"task {self.name!r}: self.lock is only set inside the task body")
-        return lease
+        return stack[-1]  # the innermost body's
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         body = functools.partial(super().__call__, *args, **kwargs)

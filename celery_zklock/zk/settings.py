@@ -18,7 +18,7 @@ import sys
 import urllib.parse
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Final
 
@@ -94,6 +94,14 @@ class ClientConfig:
     factory: str | None = None
     """``"module:callable"`` returning the KazooClient to use instead of building one."""
     extra: tuple[tuple[str, Any], ...] = field(default=())
+    key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
+    """Every field above, in order, as one tuple: two configs are equal exactly when their keys
+    are. The process's one client per config is kept by it
+    (:func:`~celery_zklock.zk.client.get_client`), so a lookup hashes a plain tuple."""
+
+    def __post_init__(self) -> None:
+        values = tuple(getattr(self, each.name) for each in fields(self) if each.compare)
+        object.__setattr__(self, "key", values)
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the bad setting."""
@@ -341,6 +349,12 @@ class Settings:
         return _seconds(self._app.conf, "zklock_dedupe_timeout", DEFAULT_DEDUPE_TIMEOUT)
 
     @cached_property
+    def redelivery_timeout(self) -> float:
+        """Seconds after which the app's broker hands out again a message received and not
+        yet acknowledged (:func:`broker_redelivery_timeout`)."""
+        return broker_redelivery_timeout(self._app.conf)
+
+    @cached_property
     def gate(self) -> GateConfig:
         """The worker gate's part, and the outage budget of every locked call."""
         conf = self._app.conf
@@ -357,7 +371,7 @@ class Settings:
         if explicit is not None:
             max_hold = seconds("zklock_gate_max_hold", explicit, text=True)
         else:
-            max_hold = 0.8 * broker_redelivery_timeout(conf)
+            max_hold = 0.8 * self.redelivery_timeout
         budget = _seconds(conf, "zklock_outage_budget", DEFAULT_OUTAGE_BUDGET)
         enabled = _flag(conf, "zklock_gate", True)
         return GateConfig(enabled, max_held, max_hold, min(budget, max_hold), budget)

@@ -50,3 +50,16 @@ def test_a_client_whose_sasl_login_check_fails_is_stopped(
         for client in made:
             client.stop()
             client.close()
+
+
+def test_equal_configs_share_one_client_and_another_config_gets_its_own(zk_hosts: str) -> None:
+    """The clients are kept by ``ClientConfig.key``: equal configs (two apps' settings, or the
+    settings read again at a worker's start) get the same client, any other field another."""
+    try:
+        first = get_client(ClientConfig(hosts=zk_hosts, session_timeout=4.0))
+        assert get_client(ClientConfig(hosts=zk_hosts, session_timeout=4.0)) is first
+        other = ClientConfig(hosts=zk_hosts, session_timeout=4.0, connect_timeout=6.0)
+        assert other != ClientConfig(hosts=zk_hosts, session_timeout=4.0)
+        assert get_client(other) is not first
+    finally:
+        session.close_clients()

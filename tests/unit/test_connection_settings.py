@@ -225,3 +225,19 @@ def test_an_app_has_one_settings_object_whose_parts_are_read_once_when_asked() -
     assert settings_of(app).gate.enabled
     read_settings_afresh(sender=type("Worker", (), {"app": app})())
     assert not settings_of(app).gate.enabled and settings_of(app).root == "/elsewhere"
+
+
+def test_the_brokers_redelivery_bound_is_a_part_read_once() -> None:
+    """A run's "may a copy have run" look and the gate's default ``max_hold`` take the broker's
+    redelivery bound from the app's one settings object, read at its first ask."""
+    app = Celery("bound", set_as_current=False)
+    app.conf.update(
+        broker_url="redis://r:6379/0", broker_transport_options={"visibility_timeout": 60}
+    )
+    settings = settings_of(app, connection=False)
+    assert settings.redelivery_timeout == 60.0 and settings.gate.max_hold == 48.0
+    app.conf.broker_transport_options = {"visibility_timeout": 120}
+    assert settings.redelivery_timeout == 60.0  # kept, as every part
+    app.conf.broker_url = "amqp://r//"
+    read_settings_afresh(sender=type("Worker", (), {"app": app})())
+    assert settings_of(app, connection=False).redelivery_timeout == 1800.0

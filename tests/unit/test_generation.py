@@ -19,7 +19,6 @@ from celery_zklock.task.generation import (
     is_newer,
     next_generation,
     of_request,
-    of_run,
 )
 
 
@@ -89,7 +88,7 @@ def retry_headers(
     task.push_request(**{"id": "t-1", "retries": 0, "called_directly": False,
                          "delivery_info": {}, **request})  # fmt: skip
     try:
-        taken = of_run(task.request) if at_run else None
+        taken = of_request(task.request, run=True) if at_run else None
         task.retry(countdown=0, throw=False)
     finally:
         task.pop_request()
@@ -140,8 +139,9 @@ def test_a_retry_of_a_message_without_one_gets_none(
 
 def test_a_first_run_sent_without_one_takes_one_that_its_retries_keep() -> None:
     first = SimpleNamespace(retries=0, headers=None)
-    taken = of_run(first)
-    assert isinstance(taken, int) and of_request(first) == taken == of_run(first)
-    assert of_run(SimpleNamespace(retries=2, headers=None)) is None
-    assert of_run(SimpleNamespace(retries=2, headers={GENERATION_HEADER: 5})) == 5
+    taken = of_request(first, run=True)
+    assert isinstance(taken, int) and of_request(first) == taken == of_request(first, run=True)
+    assert of_request(SimpleNamespace(retries=2, headers=None), run=True) is None
+    assert of_request(SimpleNamespace(retries=2, headers={GENERATION_HEADER: 5}), run=True) == 5
+    assert of_request(SimpleNamespace(retries=0, headers=None)) is None  # without run: none
     assert of_request(SimpleNamespace(**{GENERATION_HEADER: True})) is None  # not a number

@@ -26,7 +26,6 @@ from celery_zklock.task.options import (
     TaskLockSpec,
     check_lock_name,
     options_from_task,
-    resolved_paths,
     with_call_overrides,
 )
 
@@ -422,10 +421,16 @@ def test_a_call_resolved_by_the_gate_reaches_its_run_for_that_attempt_only() -> 
     call = spec.resolve("/root", (7,), {}, spec.options)
     assert call.paths == ("/root/proj.tasks.sync/account_id=7~" + call.paths[0].split("~")[1],)
     assert call.path == call.paths[0] and call.kind.kind == "write"
+    assert spec.paths("/root", (7,), {}) == call.paths
+    built = spec.paths("/root", (8,), {})
+    assert built != call.paths
     carried = types.SimpleNamespace(retries=0, zklock_paths=[list(call.paths), 0])
-    assert resolved_paths(carried) == call.paths
-    assert (
-        spec.resolve("/root", (8,), {}, spec.options, resolved_paths(carried)).paths == call.paths
-    )
+    assert spec.paths("/root", (8,), {}, carried) == call.paths  # the gate's, as a tuple
     for value in ([list(call.paths), 1], [call.paths[0], 0], [[], 0], [[1], 0], None):
-        assert resolved_paths(types.SimpleNamespace(retries=0, zklock_paths=value)) is None
+        assert (
+            spec.paths("/root", (8,), {}, types.SimpleNamespace(retries=0, zklock_paths=value))
+            == built
+        )
+    several = _spec(lock_key={"account_id": ["account_id", "full"]})
+    call = several.resolve("/root", ("a",), {"full": "b"}, several.options)
+    assert len(call.paths) == 2 and call.path == " + ".join(call.paths)
