@@ -38,11 +38,13 @@ def test_line_releases_in_arrival_order_and_one_writer_per_grant() -> None:
     assert line.next_ready() is None  # queue not read yet
     line.queue = []
     assert line.next_ready() is first
-    line.sent.append(("r1", WRITE))
+    line.sent["r1"] = WRITE
     assert line.next_ready() is None  # r1 has not ended
-    line.forget_ended(lambda request: request != "r1")
+    line.forget_ended({"r1"})  # still running
+    assert line.next_ready() is None
+    line.forget_ended(set())  # r1 ended
     assert line.next_ready() is second
-    assert line.idle  # nothing held, nothing sent: the gate forgets the key
+    assert not line.held and not line.sent  # nothing held, nothing sent: the gate forgets it
 
 
 def test_readers_behind_a_held_writer_keep_their_turn() -> None:

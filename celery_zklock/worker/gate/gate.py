@@ -12,7 +12,7 @@ Held messages go to the pool in arrival order per key, when the lock's own predi
 takes its lock exactly as without the gate, so the gate decides only *when* to dispatch: mutual
 exclusion, the lease clock and revocation stay in the run. One children watch per key per
 worker, whatever the number of held messages; all ZooKeeper answers are handled on the
-consumer's own thread (:meth:`Gate._soon`).
+consumer's own thread (:attr:`Gate._soon`).
 
 A held message leaves the gate by itself in three cases, checked every :data:`RECHECK_EVERY`
 seconds against its instants (:class:`~celery_zklock.worker.gate.line.Held`), with no timer per
@@ -47,6 +47,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 from celery.worker import state as worker_state
@@ -102,7 +103,6 @@ class Gate:
         self.client: KazooClient | None = None
         self.root = ""
         """The app's ``zklock_root``, read with the client (the gate works only with both)."""
-        self._handle: Callable[[Any], Any] | None = None
         self._entries: list[Any] = []
         self._away_since: float | None = None
         """When the gate's client last lost its connection (None while connected)."""
@@ -118,10 +118,16 @@ class Gate:
         the first to get the slot a run frees (:meth:`_on_tick`)."""
         self._wanting_paths: set[str] = set()
         self._hub: Any = None
+        self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         # kombu's hub takes callbacks from other threads safely (and wakes for them) since its
         # call_soon got a lock; before that (kombu 5.3) the gate's own inbox, read by _recheck.
-        self._threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
-        self._inbox: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        threadsafe_hub = hasattr(consumer.hub, "_ready_lock")
+        self._soon: Callable[..., Any] = consumer.call_soon if threadsafe_hub else self._to_inbox
+        """``_soon(fn, *args)`` runs ``fn(*args)`` on the consumer's thread (called from
+        kazoo's threads)."""
+
+    _handle: Callable[[Any], Any]
+    """The consumer's ``on_task_request``, that the gate is in front of (set by :meth:`wrap`)."""
 
     def wrap(self, handle: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Put the gate in front of ``handle``, the consumer's ``on_task_request``."""
@@ -202,25 +208,35 @@ class Gate:
 
     # -- messages -------------------------------------------------------------------------
     def on_task_request(self, request: Any) -> Any:
-        """The consumer's ``on_task_request`` behind the gate."""
+        """The consumer's ``on_task_request`` behind the gate. A request the gate does not hold
+        (:meth:`_gated`) goes on at once, and so does a locked call past its outage budget
+        (stamped, for its run) and one that may enter its lock now, into a free pool slot, with
+        nothing of its key held. Any other is held at its place in its key's line, whose
+        contender queue is then read if it is not watched; unless it is past the broker's bound
+        already (given back) or over the cap on held messages (sent to wait in the broker; held
+        without raising the prefetch if the broker does not take it)."""
         gated = self._gated(request)
         if gated is None:
-            return self._send(request)
+            return self._handle(request)
         call, waits = gated
         path, kind, timeout = call.path, call.kind, call.options.timeout
         now = time.time()
-        since = self._outage_since(request)
-        if since is not None and now - since >= self.config.outage_budget:
-            return self._send(_stamped(request, since))  # the run applies `unavailable`
+        away_since = self._away_since
+        if away_since is not None:
+            since = _outage_since(request, away_since)
+            if now - since >= self.config.outage_budget:
+                return self._handle(_stamped(request, since))  # the run applies `unavailable`
         line = self.lines.get(path)
         if line is None:
             line = self.lines[path] = KeyLine(path)
-        connected = self._away_since is None and self.client is not None and self.client.connected
+        connected = away_since is None and self.client is not None and self.client.connected
         received = request.request_dict.get(RECEIPT_FIELD)
+        if not isinstance(received, (int, float)):
+            received = now
         due = self._given_back.pop(request.id, (now, now))[0]
         first = sendback.first_due(request)  # sent back by a run: its place is its first one's
         due = due if first is None else min(due, first)
-        held = Held(request, kind, due, bound_at=_number(received, now) + self.config.max_hold)
+        held = Held(request, kind, due, bound_at=received + self.config.max_hold)
         held.waits = waits
         if first is not None:
             held.not_before = now + SENT_BACK_SETTLE
@@ -229,9 +245,9 @@ class Gate:
         # A call sent back (the throttle, an outage) does not go at once: others sent back with
         # it, due at the same instant, are taken in first, and the first made goes first.
         if first is None and not line.held and line.queue is not None and line.watched:
-            line.forget_ended(_running)
+            line.forget_ended(worker_state.reserved_requests)
             free = self._pool_free() + 1  # this request is counted as in the pool already
-            if free > 0 and may_enter(kind, line.queue, [k for _, k in line.sent]):
+            if free > 0 and may_enter(kind, line.queue, line.sent.values()):
                 return self._dispatch(line, held, was_held=False)
         if held.bound_at <= now:  # past the broker's bound already (a long ETA): not held
             logger.info(
@@ -242,11 +258,24 @@ class Gate:
             )
             give_back([request])
             return None
-        if self.held >= self.config.max_held and self._send_later(path, held):
-            if line.idle:
+        if self.held < self.config.max_held:  # held in the worker, which fetches on meanwhile
+            self.consumer.qos.increment_eventually()
+            held.raised_prefetch = True
+        elif self._send_later(path, held):  # over the cap: it waits in the broker instead
+            if not line.held and not line.sent:
                 self.lines.pop(path, None)
             return None
-        self._hold(line, held, in_place=first is not None)
+        # A call its run sent back takes its place by when it first reached a gate; one given
+        # back at the broker's bound re-enters behind the calls received meanwhile.
+        if first is None:
+            line.held.append(held)
+        else:
+            line.add(held)
+        self._next_due = min(self._next_due, held.next_at)
+        self.held += 1
+        count_held(request.name, 1)
+        if line.holder is not None:
+            self._tell_held(line, held)
         if connected and not line.reading and (line.queue is None or not line.watched):
             self._read(line)
         return None
@@ -276,23 +305,6 @@ class Gate:
         fields[PATHS_FIELD] = [list(call.paths), fields.get("retries", 0)]  # the run's paths
         return call, waits
 
-    def _hold(self, line: KeyLine, held: Held, in_place: bool = False) -> None:
-        """Hold ``held`` at the end of its line, or ``in_place`` by when it first reached a
-        gate (a call its run sent back; one given back at the broker's bound re-enters behind
-        the calls received meanwhile, as documented)."""
-        if self.held < self.config.max_held:
-            self.consumer.qos.increment_eventually()
-            held.raised_prefetch = True
-        if in_place:
-            line.add(held)
-        else:
-            line.held.append(held)
-        self._next_due = min(self._next_due, held.next_at)
-        self.held += 1
-        count_held(held.request.name, 1)
-        if line.holder is not None:
-            self._tell_held(line, held)
-
     def _send_later(self, path: str, held: Held) -> bool:
         """Over the cap on held messages: ``held`` waits in the broker, sent again with an ETA
         of :data:`OVER_CAP_DELAY` (at most a quarter of the broker bound), keeping its place
@@ -318,24 +330,12 @@ class Gate:
         self.held -= 1
         count_held(held.request.name, -1)
 
-    def _outage_since(self, request: Any) -> float | None:
-        """Since when the call of ``request`` has met the outage: when the gate lost ZooKeeper,
-        or earlier if its message says so (sent back by a run); None while connected."""
-        if self._away_since is None:
-            return None
-        carried = outage.unavailable_since(request)
-        return self._away_since if carried is None else min(carried, self._away_since)
-
     def _dispatch(self, line: KeyLine, held: Held, was_held: bool = True) -> Any:
         request = held.request
         if was_held:
             self._release_hold(held)
         request.request_dict[RECEIVED_OPTION] = [held.due, request.request_dict.get("retries", 0)]
-        line.sent.append((request, held.kind))
-        return self._send(request)
-
-    def _send(self, request: Any) -> Any:
-        assert self._handle is not None
+        line.sent[request] = held.kind
         return self._handle(request)
 
     def _pool_free(self) -> int:
@@ -347,14 +347,14 @@ class Gate:
         return int(size) - (len(worker_state.reserved_requests) - self.held)
 
     def _advance(self, line: KeyLine) -> None:
-        line.forget_ended(_running)
+        line.forget_ended(worker_state.reserved_requests)
         now = time.time()
         while line.head_ready(now):
             if self._pool_free() <= 0:
                 self._want_slot(line)
                 break
             self._dispatch(line, line.held.popleft())
-        if line.idle:
+        if not line.held and not line.sent:
             self.lines.pop(line.path, None)
         elif line.held and line.queue is not None:
             self._name_holder(line)
@@ -394,7 +394,7 @@ class Gate:
             answer = client.get_async(f"{path}/{blocker.name}")
         except Exception:
             return
-        answer.rawlink(lambda result: self._soon(self._named, path, blocker.name, result))
+        answer.rawlink(partial(self._soon, self._named, path, blocker.name))
 
     def _named(self, path: str, node: str, result: Any) -> None:
         line = self.lines.get(path)
@@ -424,7 +424,6 @@ class Gate:
         if look_revoked:
             self._revoked_seen = seen
         away_since = self._away_since
-        away = away_since is not None
         self._next_due = (
             float("inf") if away_since is None else away_since + self.config.outage_budget
         )
@@ -437,15 +436,15 @@ class Gate:
                 for held in [h for h in line.held if _revoked(h.request)]:
                     line.held.remove(held)
                     self._release_hold(held)
-            if away:  # held past the outage budget: to the pool, to apply `unavailable`
+            if away_since is not None:  # held past the outage budget: to the pool (`unavailable`)
                 for held in list(line.held):
-                    since = self._outage_since(held.request)
-                    if since is not None and now - since >= self.config.outage_budget:
+                    since = _outage_since(held.request, away_since)
+                    if now - since >= self.config.outage_budget:
                         line.held.remove(held)
                         _stamped(held.request, since)
                         self._dispatch(line, held)
             # While ZooKeeper is away no lock_timeout runs out (it is never taken for a busy lock).
-            to_pool, to_broker = line.take_due(now, timeouts=not away)
+            to_pool, to_broker = line.take_due(now, timeouts=away_since is None)
             for held in to_pool:
                 self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
             for held in to_broker:
@@ -465,7 +464,7 @@ class Gate:
                 give_back([held.request for held in to_broker])
             for held in line.held:
                 self._next_due = min(self._next_due, held.next_at)
-            if line.idle:
+            if not line.held and not line.sent:
                 self.lines.pop(line.path, None)
 
     def _hand_over(self, line: KeyLine) -> None:
@@ -474,7 +473,7 @@ class Gate:
         while line.held:
             self._dispatch(line, line.held.popleft())
         line.queue, line.watched, line.reading, line.read_again = None, False, False, False
-        if line.idle:
+        if not line.sent:
             self.lines.pop(line.path, None)
 
     # -- ZooKeeper ------------------------------------------------------------------------
@@ -488,7 +487,7 @@ class Gate:
             answer = client.get_children_async(path, watch=self._on_watch)
         except Exception:
             return self._hand_over(line)
-        answer.rawlink(lambda result: self._soon(self._listed, path, result))
+        answer.rawlink(partial(self._soon, self._listed, path))
         return None
 
     def _listed(self, path: str, result: Any) -> None:
@@ -523,12 +522,10 @@ class Gate:
         elif line.held:
             self._read(line)
 
-    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the consumer's thread (called from kazoo's threads)."""
-        if self._threadsafe_hub:
-            self.consumer.call_soon(fn, *args)
-        else:
-            self._inbox.append((fn, args))
+    def _to_inbox(self, fn: Callable[..., Any], *args: Any) -> None:
+        """:attr:`_soon` with kombu 5.3's hub: ``fn(*args)`` waits in the inbox for
+        :meth:`_recheck`."""
+        self._inbox.append((fn, args))
 
     def _recheck(self) -> None:
         """Answers queued in the inbox are handled; runs sent to the pool that ended let the
@@ -541,8 +538,8 @@ class Gate:
         waiting_for_a_slot = []
         for line in list(self.lines.values()):
             if not line.held:
-                line.forget_ended(_running)
-                if line.idle:
+                line.forget_ended(worker_state.reserved_requests)
+                if not line.sent:
                     self.lines.pop(line.path, None)
                 continue
             if not line.watched and not line.reading:
@@ -599,11 +596,6 @@ class Gate:
             )
 
 
-def _running(request: Any) -> bool:
-    """Whether a request sent to the pool has not ended (Celery forgets it when it ends)."""
-    return request in worker_state.reserved_requests
-
-
 def _revoked(request: Any) -> bool:
     """Whether a held request was revoked or expired: if so Celery's own handling has ended it
     (REVOKED stored and sent, the message acknowledged, the request forgotten)."""
@@ -619,5 +611,8 @@ def _stamped(request: Any, since: float) -> Any:
     return request
 
 
-def _number(value: Any, default: float) -> float:
-    return float(value) if isinstance(value, (int, float)) else default
+def _outage_since(request: Any, away_since: float) -> float:
+    """Since when the call of ``request`` has met the outage: ``away_since`` (when the gate lost
+    ZooKeeper), or earlier if its message says so (sent back by a run)."""
+    carried = outage.unavailable_since(request)
+    return away_since if carried is None else min(carried, away_since)

@@ -13,7 +13,7 @@ waits in a pool slot only when another worker's run took the lock first.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ class Held:
         return self.bound_at if self.timeout_at is None else min(self.bound_at, self.timeout_at)
 
 
-def may_enter(kind: LockKind, queue: Sequence[Contender], sent: Sequence[LockKind]) -> bool:
+def may_enter(kind: LockKind, queue: Sequence[Contender], sent: Collection[LockKind]) -> bool:
     """Whether a run asking for ``kind`` would be granted now, in a queue of ``queue`` with this
     worker's ``sent`` runs (dispatched, not yet ended) still to come.
 
@@ -74,7 +74,8 @@ class KeyLine:
 
     path: str
     held: deque[Held] = field(default_factory=deque)
-    sent: list[tuple[Any, LockKind]] = field(default_factory=list)
+    sent: dict[Any, LockKind] = field(default_factory=dict)
+    """Request -> the kind of lock its run asks for, of the runs sent to the pool, in order."""
     queue: list[Contender] | None = None
     watched: bool = False
     reading: bool = False
@@ -93,9 +94,11 @@ class KeyLine:
         at = next(i for i, other in enumerate(self.held) if other.due > held.due)
         self.held.insert(at, held)
 
-    def forget_ended(self, running: Callable[[Any], bool]) -> None:
-        """Drop the sent runs for which ``running(request)`` is false (their run has ended)."""
-        self.sent = [(request, kind) for request, kind in self.sent if running(request)]
+    def forget_ended(self, running: Container[Any]) -> None:
+        """Drop the sent runs whose request is not in ``running`` (their run has ended)."""
+        for request in list(self.sent):
+            if request not in running:
+                del self.sent[request]
 
     def head_ready(self, now: float = float("inf")) -> bool:
         """Whether the head of the line may go to the pool at ``now`` (see :func:`may_enter`)."""
@@ -104,7 +107,7 @@ class KeyLine:
         head = self.held[0]
         if head.not_before > now:
             return False
-        return not head.waits or may_enter(head.kind, self.queue, [kind for _, kind in self.sent])
+        return not head.waits or may_enter(head.kind, self.queue, self.sent.values())
 
     def next_ready(self) -> Held | None:
         """Take the head of the line if it may go to the pool now."""
@@ -128,8 +131,3 @@ class KeyLine:
         for held in to_pool:
             self.held.remove(held)
         return to_pool, to_broker
-
-    @property
-    def idle(self) -> bool:
-        """Nothing held and nothing sent: the gate can forget this key."""
-        return not self.held and not self.sent
