@@ -269,7 +269,7 @@ class Mutex:
                 "the ZooKeeper session that created the lock node ended before release",
             )
             return
-        if time.monotonic() >= context.clock.valid_until():
+        if time.monotonic() >= context.clock.valid_until:
             hold.mark_lost(
                 LossCode.LEASE_CLOCK,
                 "the lease clock ran out before release (no answer from the ZooKeeper leader "
