@@ -152,7 +152,7 @@ class LeaseClock:
 
     While any lease is held a renewer (a thread, or a greenlet under kazoo's gevent handler)
     sends a ``sync`` every ``R``, whether or not the previous one was answered yet; every answer
-    to a request that reached the leader (:meth:`confirm`) moves :meth:`valid_until` forward,
+    to a request that reached the leader (:meth:`confirm`) moves :attr:`valid_until` forward,
     and when that moment passes unrenewed every lease is lost
     (:attr:`~celery_zklock.errors.LossCode.LEASE_CLOCK`). So is every lease
     of a session that ended (:meth:`session_lost`, :meth:`declare_lost`), and one whose node was
@@ -181,7 +181,8 @@ class LeaseClock:
         #: and keeps an answer from an earlier session from moving the clock.
         self.epoch = 0
         self._timed: set[Hold] = set()
-        self._valid_until = -math.inf
+        #: Until when (monotonic seconds) this client's leases are safe; written under ``lock``.
+        self.valid_until = -math.inf
         self._renewing_since: float | None = None
         self._last_renewal_sent: float | None = None
         self._next_renewal = math.inf
@@ -203,20 +204,16 @@ class LeaseClock:
             if epoch != self.epoch:
                 return
             valid = timing.valid_until(sent_at, renewing_since=self._renewing_since)
-            if valid > self._valid_until:
-                self._valid_until = valid
-
-    def valid_until(self) -> float:
-        """Until when (monotonic seconds) this client's leases are safe."""
-        return self._valid_until
+            if valid > self.valid_until:
+                self.valid_until = valid
 
     def ensure_fresh(self, deadline: Deadline, what: str) -> None:
         """Before a lease is handed out: make sure the clock has a renewal's worth left (one
         ``sync`` if not); ZooKeeperUnavailable if the leader did not confirm the session in
         time to grant ``what`` (a lock path)."""
-        if self._valid_until - time.monotonic() < self._session.timing.renew_interval:
+        if self.valid_until - time.monotonic() < self._session.timing.renew_interval:
             self.renew(deadline)
-        if self._valid_until <= time.monotonic():
+        if self.valid_until <= time.monotonic():
             raise ZooKeeperUnavailable(
                 f"the ZooKeeper leader did not confirm the session in time to grant {what}"
             )
@@ -294,7 +291,7 @@ class LeaseClock:
     def expire_if_due(self) -> None:
         """Declare the leases lost now if the clock ran out (for readers that do not wait for
         the renewer: a process paused past its timeout runs no timer)."""
-        if time.monotonic() >= self._valid_until:
+        if time.monotonic() >= self.valid_until:
             self.declare_lost(LossCode.LEASE_CLOCK, self._expired_reason())
 
     def session_lost(self) -> None:
@@ -302,7 +299,7 @@ class LeaseClock:
         moves the clock any more."""
         with self._lock:
             self.epoch += 1
-            self._valid_until = -math.inf
+            self.valid_until = -math.inf
         self.declare_lost(LossCode.SESSION_EXPIRED, "the ZooKeeper session expired")
 
     def declare_lost(
@@ -368,7 +365,7 @@ class LeaseClock:
                     if now - idle_since >= timing.session_timeout:
                         self._renewer_running = False
                         return
-                valid_until = self._valid_until
+                valid_until = self.valid_until
                 next_renewal = self._next_renewal
             if not holding:
                 assert idle_since is not None

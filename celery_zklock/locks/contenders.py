@@ -191,8 +191,13 @@ def parse_child(name: str) -> Contender | None:
 
 def queue_of(children: Iterable[str]) -> list[Contender]:
     """The contenders among ``children``, in grant order (ascending sequence number)."""
-    parsed = (parse_child(name) for name in children)
-    return sorted(c for c in parsed if c is not None)
+    contenders = []
+    for name in children:
+        contender = parse_child(name)
+        if contender is not None:
+            contenders.append(contender)
+    contenders.sort()
+    return contenders
 
 
 @dataclass(frozen=True)
@@ -268,7 +273,10 @@ def first_blocker(queue: Sequence[Contender], kind: LockKind) -> Contender | Non
     if kind.kind == "lease":
         assert kind.limit is not None
         return queue[len(queue) - kind.limit] if len(queue) >= kind.limit else None
-    return next((c for c in queue if kind.kind == "write" or c.kind == "write"), None)
+    for contender in queue:
+        if kind.kind == "write" or contender.kind == "write":
+            return contender
+    return None
 
 
 def holding(queue: Sequence[Contender], limit: int | None = None) -> list[Contender]:

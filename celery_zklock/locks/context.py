@@ -65,7 +65,9 @@ class ClientContext:
         self.owned: dict[tuple[str, int], Any] = {}
         #: Node -> how many of this client's waiters and break watches watch it.
         self.watch_refs: dict[str, int] = {}
-        self._known_parents: OrderedDict[str, None] = OrderedDict()
+        #: Lock parents known to exist, least recently used first (at most
+        #: :data:`KNOWN_PARENTS`): the queue looks them up under ``lock``.
+        self.known_parents: OrderedDict[str, None] = OrderedDict()
         self._wakeups: set[Any] = set()
         #: Incremented at every state kazoo reports, before waiters are woken: watches set
         #: while it stays the same were set on one connection, which is still up.
@@ -294,21 +296,15 @@ class ClientContext:
         return False
 
     # -- lock parents ---------------------------------------------------------------------
-    def parent_known(self, path: str) -> bool:
+    def remember_parent(self, path: str) -> None:
+        """Note that the lock parent ``path`` exists (a create under it went through): the most
+        recently used of :attr:`known_parents`, the least recently used one forgotten past
+        :data:`KNOWN_PARENTS`."""
         with self.lock:
-            if path in self._known_parents:
-                self._known_parents.move_to_end(path)
-                return True
-            return False
-
-    def remember_parent(self, path: str, exists: bool) -> None:
-        with self.lock:
-            if exists:
-                self._known_parents[path] = None
-                if len(self._known_parents) > KNOWN_PARENTS:
-                    self._known_parents.popitem(last=False)
-            else:
-                self._known_parents.pop(path, None)
+            self.known_parents[path] = None
+            self.known_parents.move_to_end(path)
+            if len(self.known_parents) > KNOWN_PARENTS:
+                self.known_parents.popitem(last=False)
 
 
 _contexts: weakref.WeakKeyDictionary[KazooClient, ClientContext] = weakref.WeakKeyDictionary()

@@ -27,11 +27,11 @@ class Clock(Protocol):
     """The lease clock that times a hold, as the hold sees it
     (:class:`~celery_zklock.locks.clock.LeaseClock`)."""
 
+    #: Until when (``time.monotonic()``) the clock's leases are safe without a renewal.
+    valid_until: float
+
     def expire_if_due(self) -> None:
         """Declare the clock's leases lost now if it ran out."""
-
-    def valid_until(self) -> float:
-        """Until when (``time.monotonic()``) the clock's leases are safe without a renewal."""
 
 
 class Hold:
@@ -213,7 +213,7 @@ class Lease(HeldLease):
         """
         if not self.held:
             return 0.0
-        return max(0.0, self._hold.clock.valid_until() - time.monotonic())
+        return max(0.0, self._hold.clock.valid_until - time.monotonic())
 
     def check(self) -> None:
         """Raise :class:`LockLost` if the lease was lost (as :attr:`lost` tells); for code that

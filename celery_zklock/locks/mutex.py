@@ -157,7 +157,22 @@ class Mutex:
             reentered = self._reenter(thread_id)
             if reentered is not None:
                 return Lease(reentered, self._release)
-        wait, io = self._deadlines(blocking, timeout, cancel)
+        # Two deadlines: ``wait`` for other holders, ``io`` for each request's answer. ``io``
+        # also gives up once the client has been without a connection or an answer for a
+        # session timeout during this acquire (ClientContext.outage), whatever ``timeout`` is
+        # left: every wait of the acquire is bounded by it (a lost connection wakes the wait
+        # for other holders, which then waits for answers). A ``cancel`` that returns true
+        # ends both.
+        outage: Outage | None = partial(context.outage, time.monotonic())
+        if cancel is not None:
+            outage = _or_cancelled(outage, cancel)
+        if timeout is not None:
+            wait = Deadline(timeout, _or_cancelled(None, cancel))
+            io = Deadline(max(timeout, context.timing.idle_gap), outage)
+        elif blocking:
+            wait = io = Deadline(None, outage)
+        else:  # a try-lock never waits for other holders: one deadline
+            wait = io = Deadline(context.timing.session_timeout, outage)
         try:
             if not context.lease_ready:
                 context.ensure_timeout_known(io)
@@ -176,33 +191,6 @@ class Mutex:
             context.owned[(self.path, thread_id)] = hold
         context.clock.track(hold)
         return Lease(hold, self._release)
-
-    def _deadlines(
-        self, blocking: bool, timeout: float | None, cancel: Callable[[], bool] | None = None
-    ) -> tuple[Deadline, Deadline]:
-        """The deadline of the wait for other holders, and the one of each request's answer.
-
-        The answers' deadline also gives up once the client has been without a connection
-        for a session timeout during this acquire (:meth:`ClientContext.outage
-        <celery_zklock.locks.context.ClientContext.outage>`), whatever ``timeout`` is left:
-        every wait of the acquire is bounded by it (a lost connection wakes the wait for
-        other holders, which then waits for answers). A ``cancel`` that returns true ends
-        both."""
-        context = self._context
-        outage: Outage | None = partial(context.outage, time.monotonic())
-        if cancel is not None:
-            outage = _or_cancelled(outage, cancel)
-        if timeout is None:
-            if not blocking:  # a try-lock never waits for other holders: one deadline
-                io = Deadline(context.timing.session_timeout, outage)
-                return io, io
-            wait = Deadline(None, outage)
-            return wait, wait
-        cancelled = _or_cancelled(None, cancel)
-        return (
-            Deadline(timeout, cancelled),
-            Deadline(max(timeout, context.timing.idle_gap), outage),
-        )
 
     def _reenter(self, thread_id: int) -> Hold | None:
         context = self._context
@@ -269,7 +257,7 @@ class Mutex:
                 "the ZooKeeper session that created the lock node ended before release",
             )
             return
-        if time.monotonic() >= context.clock.valid_until():
+        if time.monotonic() >= context.clock.valid_until:
             hold.mark_lost(
                 LossCode.LEASE_CLOCK,
                 "the lease clock ran out before release (no answer from the ZooKeeper leader "

@@ -135,7 +135,8 @@ class ContenderQueue:
     def enqueue(self, prefix: str, io: Deadline, data: bytes) -> Created:
         """Create our contender node; return it with a listing taken after it was created."""
         context, client = self.context, self.client
-        parent_known = context.parent_known(self.path)
+        with context.lock:
+            parent_known = self.path in context.known_parents
         while True:
             session_id = context.session_id()
             if session_id is None:
@@ -201,7 +202,7 @@ class ContenderQueue:
                 # attempt under a new uuid, so that this one's purge cannot touch it.
                 self.abandon_later(prefix)
                 raise SessionGone()
-            context.remember_parent(self.path, True)
+            context.remember_parent(self.path)
             ours = Contender(parsed.seq, parsed.name, parsed.kind, token=token, session=session_id)
             return Created(ours, epoch, [ours] if children is None else queue_of(children))
 
