@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -234,12 +235,13 @@ def _timer(*_: Any) -> _Timer:
     return _Timer()
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity as Celery's are: the gate keys its sent runs by them
 class _Request:
     """What the gate reads of a worker's request."""
 
     task: Task
     args: tuple[Any, ...]
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
     kwargs: dict[str, Any] = field(default_factory=dict)
     request_dict: dict[str, Any] = field(default_factory=dict)
 
