@@ -322,8 +322,9 @@ class LockedRun:
             time.time() - received > self.settings.redelivery_timeout
         ):
             return True
-        since = sendback.header_number(request, outage.UNAVAILABLE_SINCE)
-        return since is not None or sendback.header_number(request, sendback.FIRST_DUE) is not None
+        return (
+            outage.unavailable_since(request) is not None or sendback.first_due(request) is not None
+        )
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool

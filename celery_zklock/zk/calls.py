@@ -71,13 +71,12 @@ def wait_result(result: Any, deadline: Deadline, what: str) -> Any:
     Waits with ``wait`` and never with ``get(timeout=...)``: the gevent handler's ``get``
     raises ``gevent.Timeout`` on its own timeout, which cannot be told apart from a timeout
     the gevent pool throws into the task (its time limit) and must not be swallowed.
-    Exceptions the request failed with propagate unchanged. Waits in :func:`wait_slice`'s
-    slices (worked out here, as it does). The deadline is looked at after each slice (a passed
-    one gives a slice of 0 s), so an answer that comes within the first costs no look at it.
+    Exceptions the request failed with propagate unchanged. The deadline is looked at after
+    each slice (a passed one gives a slice of 0 s), so an answer that comes within the first
+    costs no look at it.
     """
-    at = deadline.at
     while not result.ready():
-        result.wait(WAIT_SLICE if at is None else min(WAIT_SLICE, max(0.0, at - time.monotonic())))
+        result.wait(wait_slice(deadline))
         if not result.ready() and deadline.expired():
             raise ZooKeeperUnavailable(deadline.why(what))
     return result.get()

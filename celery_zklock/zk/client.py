@@ -147,7 +147,7 @@ def _client_from_factory(spec: str) -> KazooClient:
     return client
 
 
-_clients: dict[tuple[Any, ...], KazooClient] = {}  # by ClientConfig.key
+_clients: dict[ClientConfig, KazooClient] = {}
 _clients_pid = os.getpid()
 _clients_lock = threading.Lock()
 
@@ -175,7 +175,7 @@ def get_client(config: ClientConfig) -> KazooClient:
     if os.getpid() != _clients_pid:  # forked without register_at_fork having run (defensive)
         _forget_clients_after_fork()
     with _clients_lock:
-        client = _clients.get(config.key)
+        client = _clients.get(config)
         if client is not None and adapter.connection_gave_up(client):
             # Its connection loop ended for good (e.g. kazoo's thread died on a protocol
             # error): it would fail every call from now on. Its leases count as lost already
@@ -185,7 +185,7 @@ def get_client(config: ClientConfig) -> KazooClient:
                 config.hosts,
             )
             stop_quietly(client)
-            del _clients[config.key]
+            del _clients[config]
             client = None
         if client is None:
             client = new_client(config)
@@ -208,7 +208,7 @@ def get_client(config: ClientConfig) -> KazooClient:
                     except BaseException:
                         stop_quietly(client)  # started, not cached: nothing else would stop it
                         raise
-            _clients[config.key] = client
+            _clients[config] = client
         return client
 
 

@@ -18,7 +18,7 @@ import sys
 import urllib.parse
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final
 
@@ -94,14 +94,6 @@ class ClientConfig:
     factory: str | None = None
     """``"module:callable"`` returning the KazooClient to use instead of building one."""
     extra: tuple[tuple[str, Any], ...] = field(default=())
-    key: tuple[Any, ...] = field(init=False, repr=False, compare=False)
-    """Every field above, in order, as one tuple: two configs are equal exactly when their keys
-    are. The process's one client per config is kept by it
-    (:func:`~celery_zklock.zk.client.get_client`), so a lookup hashes a plain tuple."""
-
-    def __post_init__(self) -> None:
-        values = tuple(getattr(self, each.name) for each in fields(self) if each.compare)
-        object.__setattr__(self, "key", values)
 
     def validate(self) -> None:
         """Raise :class:`ConfigurationError` naming the bad setting."""

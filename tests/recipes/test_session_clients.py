@@ -53,7 +53,7 @@ def test_a_client_whose_sasl_login_check_fails_is_stopped(
 
 
 def test_equal_configs_share_one_client_and_another_config_gets_its_own(zk_hosts: str) -> None:
-    """The clients are kept by ``ClientConfig.key``: equal configs (two apps' settings, or the
+    """The clients are kept by their ``ClientConfig``: equal configs (two apps' settings, or the
     settings read again at a worker's start) get the same client, any other field another."""
     try:
         first = get_client(ClientConfig(hosts=zk_hosts, session_timeout=4.0))
