@@ -29,7 +29,7 @@ from celery.utils import worker_direct
 from kazoo.client import KazooClient
 
 from celery_zklock.testing import RedisServer, ZooKeeperEnsemble, ZooKeeperServer
-from celery_zklock.testing.processes import pid_alive
+from celery_zklock.testing.processes import pause_process, pid_alive
 from celery_zklock.testing.rabbitmq import RabbitMQServer
 from celery_zklock.testing.zookeeper import partition_unavailable_reason
 from celery_zklock.zk import four_letter
@@ -723,7 +723,7 @@ class FaultInjector:
             pid = target.event.pid
             paused_at = time.time()
             started = time.monotonic()
-            os.kill(pid, signal.SIGSTOP)
+            pause_process(pid)
             if self._still_holding(target):
                 break
             _resume(pid)  # it released the lock before the stop landed: aim again

@@ -184,11 +184,43 @@ def listener_is_owned_by(pid: int, port: int) -> bool:
 def process_state(pid: int) -> str | None:
     """The state letter of process ``pid`` in /proc (``R``, ``S``, ``T`` stopped, ``Z``...), or
     None when there is no such process."""
+    return _state_in(f"/proc/{pid}")
+
+
+def _state_in(proc_dir: str) -> str | None:
+    """The state letter in ``proc_dir``'s ``stat`` (a process's or a thread's), or None."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+        with open(f"{proc_dir}/stat", encoding="ascii", errors="replace") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
+
+
+def pause_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and return once every thread of it is stopped.
+
+    ``kill`` returns before the stop is complete: the kernel wakes one thread to take the
+    signal, and that thread stops the others; until it is scheduled (milliseconds on a busy
+    machine) the rest run on, so a server paused this way may still answer a request sent
+    right after ``kill``. Raises ``StackError`` if a thread is still running after
+    ``timeout`` seconds. SIGCONT resumes it."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        return set(thread_states(pid)) <= {"T", "t", None}  # None: a thread that ended
+
+    if not wait_until(stopped, timeout, interval=0.001):
+        raise StackError(f"process {pid} still runs a thread {timeout:g} s after SIGSTOP")
+
+
+def thread_states(pid: int) -> list[str | None]:
+    """The state letter of each thread of process ``pid`` (see :func:`process_state`); empty
+    when there is no such process."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    return [_state_in(f"/proc/{pid}/task/{tid}") for tid in threads]
 
 
 def pid_alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ from celery_zklock.locks.queue import PARTICIPANTS_TIMEOUT
 from celery_zklock.locks.revoke import REVOKE_TIMEOUT
 from celery_zklock.task.dedupe import Marker, claim, marker_path, release
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.zookeeper import ZooKeeperServer
 from celery_zklock.zk.settings import DEFAULT_DEDUPE_TIMEOUT
 from tests.lockutil import in_thread, wait_for
@@ -57,7 +58,7 @@ def pause(server: ZooKeeperServer) -> None:
     host), so the client still counts itself connected for up to 2/3 of its session timeout."""
     pid = server.node.pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    pause_process(pid)
 
 
 def resume(server: ZooKeeperServer) -> None:

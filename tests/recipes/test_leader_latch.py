@@ -32,6 +32,7 @@ from kazoo.client import KazooClient
 
 from celery_zklock.locks import LeaderLatch
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.proxy import TcpProxy
 from tests.lockutil import children, expire_session, wait_for
 from tests.support.leaders import LeaderLog, Line, line_of, participate
@@ -326,7 +327,7 @@ def test_a_paused_leader_starts_no_unit_after_another_was_elected(
         time.sleep(random.uniform(0.0, 0.5))  # a random moment of its units and renewals
         log.write("pause", leader.who, trials)
         paused_at = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
+        pause_process(pid)
         pause = log.wait(line_of("pause", unit=trials), "the pause marker")
         log.wait(line_of("elected", newer_than=leader.token), "a new leader", leader.index)
         log.write("resume", leader.who, trials)

@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 from celery_zklock import Mutex
 from celery_zklock.locks.clock import timing_for
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.zookeeper import ZooKeeperServer
 from tests.lockutil import wait_for
 
@@ -53,7 +54,7 @@ def paused(server: ZooKeeperServer, client: KazooClient, seconds: float) -> None
     on the same connection)."""
     pid = server.node.pid
     assert pid is not None
-    os.kill(pid, signal.SIGSTOP)
+    pause_process(pid)
     try:
         time.sleep(seconds)  # the fault's length, not a wait for something to happen
     finally:

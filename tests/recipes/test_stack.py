@@ -31,7 +31,13 @@ from celery_zklock.testing import (
 )
 from celery_zklock.testing import zookeeper as zookeeper_module
 from celery_zklock.testing.plugin import StackFactory
-from celery_zklock.testing.processes import listener_is_owned_by, live_children
+from celery_zklock.testing.processes import (
+    listener_is_owned_by,
+    live_children,
+    pause_process,
+    thread_states,
+    wait_until,
+)
 from celery_zklock.zk import four_letter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -268,6 +274,28 @@ def test_ensemble_elects_fails_over_and_takes_a_restarted_node_back() -> None:
         pids.append(restarted.pid)
     assert all(pid is not None and process_gone(pid) for pid in pids)
     assert not any(directory.exists() for directory in directories)
+
+
+# ----------------------------------------------------------------------------------- pause
+
+
+def test_a_paused_process_runs_no_thread_once_the_pause_returns() -> None:
+    """Before: tests paused a server with a bare ``os.kill(pid, SIGSTOP)``, which returns
+    before the stop is complete; a thread still running answered a request sent right after
+    (a deduplicated call that had to meet a paused server found it answering, CI of stop 52).
+    Threads that never sleep are the ones a bare kill leaves running longest."""
+    spin = "import threading\nfor _ in range(4): threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\nimport time; time.sleep(600)"  # noqa: E501
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        assert wait_until(lambda: len(os.listdir(f"/proc/{child.pid}/task")) == 5, 10)
+        for _ in range(20):
+            pause_process(child.pid)
+            states = thread_states(child.pid)
+            assert set(states) <= {"T"}, states
+            os.kill(child.pid, signal.SIGCONT)
+    finally:
+        child.kill()
+        child.wait()
 
 
 # ------------------------------------------------------------------------- port not ours

@@ -41,7 +41,7 @@ from celery_zklock.beat import (
     encode_state,
 )
 from celery_zklock.beat.state import Superseded, ZooKeeperState
-from celery_zklock.testing.processes import ChildProcess, process_state
+from celery_zklock.testing.processes import ChildProcess, pause_process
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
@@ -157,9 +157,8 @@ def freeze_when_settled(pid: int, settled: Callable[[], bool], timeout: float = 
     """
     deadline = time.monotonic() + timeout
     while True:
-        os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()
-        wait_for(lambda: process_state(pid) == "T", 10, f"pid {pid} stopped")
+        pause_process(pid)
         if settled():
             return stopped_at
         os.kill(pid, signal.SIGCONT)

@@ -6,8 +6,6 @@ and sends nothing, or sends its message without deduplication with
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 import uuid
@@ -20,6 +18,7 @@ from celery import Celery
 
 from celery_zklock import ZkLockTask, ZooKeeperUnavailable
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.zookeeper import ZooKeeperServer
 from celery_zklock.zk.client import close_clients
 from celery_zklock.zk.settings import forget_settings
@@ -87,7 +86,7 @@ def test_a_deduplicated_call_returns_within_the_bound(
     else:
         pid = server.node.pid
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        pause_process(pid)
     calls: dict[str, Callable[[], Any]] = {
         "raise": lambda: raises.apply_async(("k",), queue=queue),
         "send (task option)": lambda: sends.apply_async(("k",), queue=queue),

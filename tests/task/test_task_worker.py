@@ -13,6 +13,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, is_skipped
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.witness import check_witness
 from tests.conftest import SESSION_TIMEOUT, Broker
 from tests.lockutil import expire_session_id, wait_for
@@ -134,7 +135,7 @@ def test_prefork_child_paused_past_session_timeout_ends_lock_lost(
     with workers(app, "prefork", 2, env, tmp) as (first, second):
         victim = long_hold.apply_async(("pk", 60.0), queue=first.queue)
         record = held_session(tmp, victim.id)
-        os.kill(record["pid"], signal.SIGSTOP)
+        pause_process(record["pid"])
         try:
             # while it is paused, the server expires its session and another worker gets in
             other = long_hold.apply_async(("pk", 0.1), queue=second.queue)
