@@ -649,7 +649,7 @@ class TaskLockSpec:
         its lock paths (:meth:`paths`) and its lock kind (:attr:`kind`). Raises what
         :meth:`paths` raises."""
         paths = self.paths(root, args, kwargs)
-        return LockedCall(options, paths, self.kind, " + ".join(paths))
+        return LockedCall(options, paths, self.kind, PATHS_JOINED_BY.join(paths))
 
     def path(self, root: str, args: Any, kwargs: Any) -> str:
         """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``
@@ -689,7 +689,7 @@ class LockedCall:
     (:meth:`TaskLockSpec.resolve`): its options (the task's with the call's overrides), its lock
     paths (sorted; several for a ``lock_key`` of several keys), the lock kind of its mode, and
     ``path``, for messages and the gate's lines: the one path, or every path joined by
-    ``" + "``. The gate's paths reach the run (:data:`PATHS_FIELD`)."""
+    :data:`PATHS_JOINED_BY`. The gate's paths reach the run (:data:`PATHS_FIELD`)."""
 
     options: LockOptions
     paths: tuple[str, ...]
@@ -751,6 +751,9 @@ RECEIPT_FIELD: Final = "zklock_receipt"
 """The request field in which the worker's main process notes when it received the message
 (``time.time()``, before any ETA wait): the gate's broker bound counts from there."""
 
+
+PATHS_JOINED_BY: Final = " + "
+"""How a call's several lock paths read as one path, in messages and the gate's lines."""
 
 PATHS_FIELD: Final = "zklock_paths"
 """The request field in which the worker's gate tells the run the lock paths it resolved for

@@ -16,9 +16,6 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
-from kazoo.client import KazooClient
-from kazoo.protocol.states import KazooState
-
 from celery_zklock.task.sendback import SentBack, header_number, send_back
 
 __all__ = [
@@ -26,7 +23,6 @@ __all__ = [
     "UNAVAILABLE_SINCE",
     "ride_out",
     "unavailable_since",
-    "wait_connected",
 ]
 
 UNAVAILABLE_SINCE: Final = "zklock_unavailable_since"
@@ -53,18 +49,3 @@ def ride_out(task: Any, request: Any, since: float, due: float | None) -> SentBa
     )
     headers = {UNAVAILABLE_SINCE: since}
     return send_back(task, request, SEND_BACK_AFTER, reason, headers, due)
-
-
-def wait_connected(client: KazooClient, timeout: float) -> bool:
-    """Whether ``client`` is connected, waiting up to ``timeout`` seconds for it to be."""
-    connected = client.handler.event_object()
-
-    def listen(state: str) -> None:
-        if state == KazooState.CONNECTED:
-            connected.set()
-
-    client.add_listener(listen)
-    try:
-        return bool(client.connected or connected.wait(timeout))
-    finally:
-        client.remove_listener(listen)

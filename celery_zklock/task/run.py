@@ -34,6 +34,7 @@ from celery_zklock.errors import (
 )
 from celery_zklock.locks import Lease, MultiLock, Mutex
 from celery_zklock.locks.contenders import READ, WRITE, Contender, first_blocker, holding
+from celery_zklock.locks.context import context_for
 from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.lease import HeldLease
@@ -45,6 +46,7 @@ from celery_zklock.task.generation import is_newer, of_request
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
 from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
+    PATHS_JOINED_BY,
     RECEIPT_FIELD,
     LockOptions,
     TaskLockSpec,
@@ -52,6 +54,7 @@ from celery_zklock.task.options import (
     request_overrides,
 )
 from celery_zklock.task.policy import Situation, decide, skip_result
+from celery_zklock.zk.calls import Deadline
 from celery_zklock.zk.client import get_client
 from celery_zklock.zk.settings import settings_of
 
@@ -106,7 +109,7 @@ class LockedRun:
         self.settings = settings_of(task.app)
         self.options: LockOptions = spec.for_call(request_overrides(request))
         self.paths = spec.paths(self.settings.root, args, kwargs, request)  # or the gate's
-        self.path = " + ".join(self.paths)  # for messages: the one path, or all of them
+        self.path = PATHS_JOINED_BY.join(self.paths)  # for messages: the one path, or all
         self.kind = spec.kind  # the mode's, on each path (the mode is never per call)
         self.task_id = request.id
         self.generation = of_request(request, run=True)  # see celery_zklock.task.generation
@@ -260,11 +263,12 @@ class LockedRun:
             )
         # A process's client that lost its connection: give the pool slot back soon rather
         # than wait in it for requests kazoo queues until it connects again.
-        if not client.connected and not outage.wait_connected(client, CONNECTED_PATIENCE):
-            self._unavailable(
-                f"no connection to ZooKeeper at {config.hosts!r} for {CONNECTED_PATIENCE}s",
-                ZooKeeperUnavailable("not connected"),
-            )
+        if not client.connected:
+            try:
+                what = f"waiting {CONNECTED_PATIENCE:g}s for a connection to {config.hosts!r}"
+                context_for(client).await_connected(Deadline(CONNECTED_PATIENCE), what)
+            except ZooKeeperUnavailable as exc:
+                self._unavailable(str(exc), exc)
         return client
 
     # -- acquire --------------------------------------------------------------------------
