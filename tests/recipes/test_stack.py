@@ -284,7 +284,15 @@ def test_a_paused_process_runs_no_thread_once_the_pause_returns() -> None:
     before the stop is complete; a thread still running answered a request sent right after
     (a deduplicated call that had to meet a paused server found it answering, CI of stop 52).
     Threads that never sleep are the ones a bare kill leaves running longest."""
-    spin = "import threading\nfor _ in range(4): threading.Thread(target=lambda: [0 for _ in iter(int, 1)]).start()\nimport time; time.sleep(600)"  # noqa: E501
+    spin = textwrap.dedent("""
+        import threading, time
+        def spin():
+            while True:
+                pass
+        for _ in range(4):
+            threading.Thread(target=spin, daemon=True).start()
+        time.sleep(600)
+    """)
     child = subprocess.Popen([sys.executable, "-c", spin])
     try:
         assert wait_until(lambda: len(os.listdir(f"/proc/{child.pid}/task")) == 5, 10)
