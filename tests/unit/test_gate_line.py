@@ -31,19 +31,24 @@ def test_semaphore_admits_up_to_its_limit() -> None:
     assert not may_enter(two, [], [two, two])
 
 
+def next_ready(line: KeyLine) -> Held | None:
+    """The head of the line if it may go to the pool now, taken (as the gate's ``_advance``)."""
+    return line.held.popleft() if line.head_ready() else None
+
+
 def test_line_releases_in_arrival_order_and_one_writer_per_grant() -> None:
     line = KeyLine("/zklock/t/k")
     first, second = Held("r1", WRITE, 1.0), Held("r2", WRITE, 2.0)
     line.held.extend([first, second])
-    assert line.next_ready() is None  # queue not read yet
+    assert next_ready(line) is None  # queue not read yet
     line.queue = []
-    assert line.next_ready() is first
+    assert next_ready(line) is first
     line.sent["r1"] = WRITE
-    assert line.next_ready() is None  # r1 has not ended
+    assert next_ready(line) is None  # r1 has not ended
     line.forget_ended({"r1"})  # still running
-    assert line.next_ready() is None
+    assert next_ready(line) is None
     line.forget_ended(set())  # r1 ended
-    assert line.next_ready() is second
+    assert next_ready(line) is second
     assert not line.held and not line.sent  # nothing held, nothing sent: the gate forgets it
 
 
@@ -51,7 +56,7 @@ def test_readers_behind_a_held_writer_keep_their_turn() -> None:
     line = KeyLine("/zklock/t/k", queue=queue_of([READER]))
     writer, reader = Held("w", WRITE, 1.0), Held("r", READ, 2.0)
     line.held.extend([writer, reader])
-    assert line.next_ready() is None  # the writer is first in line, and blocked by the reader
+    assert next_ready(line) is None  # the writer is first in line, and blocked by the reader
     assert list(line.held) == [writer, reader]
 
 

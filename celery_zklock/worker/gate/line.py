@@ -109,10 +109,6 @@ class KeyLine:
             return False
         return not head.waits or may_enter(head.kind, self.queue, self.sent.values())
 
-    def next_ready(self) -> Held | None:
-        """Take the head of the line if it may go to the pool now."""
-        return self.held.popleft() if self.head_ready() else None
-
     def take_due(self, now: float, timeouts: bool = True) -> tuple[list[Held], list[Held]]:
         """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
         ran out, unless not ``timeouts`` (to the pool, where the run applies
