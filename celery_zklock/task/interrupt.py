@@ -127,12 +127,13 @@ def _parse_signal() -> signal.Signals | int:
 
 
 class Interruption:
-    """Arms an interruption of one run's body; :meth:`fire` triggers it from any thread. Each
-    strategy's constructor arms it and takes the run's own ``token`` (from ``_tokens``), which
-    an interruption of another run never carries."""
+    """Arms an interruption of one run's body; :meth:`fire` triggers it from any thread. Its
+    ``token`` is the run's own, which an interruption of another run never carries."""
 
     strategy = "none"
-    token: int
+
+    def __init__(self) -> None:
+        self.token = next(_tokens)
 
     def fire(self, reason: str) -> None:
         """Interrupt the run's body (unless disarmed, or called from the run's own context)."""
@@ -182,7 +183,7 @@ class _MainThreadSignal(Interruption):
 
     def __init__(self) -> None:
         signum = int(interrupt_signal())
-        self.token = next(_tokens)
+        super().__init__()
         cls = _MainThreadSignal
         if not cls._armed:
             cls._pending.clear()
@@ -267,7 +268,7 @@ class _ThreadAsyncException(Interruption):
     strategy = "async-exception"
 
     def __init__(self) -> None:
-        self.token = next(_tokens)
+        super().__init__()
         self.thread_id = threading.get_ident()
         with _thread_runs_lock:
             self._runs = _thread_runs.setdefault(self.thread_id, _ThreadRuns())
@@ -320,7 +321,7 @@ class _GreenletKill(Interruption):
     strategy = "greenlet"
 
     def __init__(self, greenlet: Any) -> None:
-        self.token = next(_tokens)
+        super().__init__()
         self.greenlet = greenlet
         self._armed = True
 

@@ -262,7 +262,7 @@ class Gate:
             self.consumer.qos.increment_eventually()
             held.raised_prefetch = True
         elif self._send_later(path, held):  # over the cap: it waits in the broker instead
-            if not line.held and not line.sent:
+            if line.idle:
                 self.lines.pop(path, None)
             return None
         # A call its run sent back takes its place by when it first reached a gate; one given
@@ -354,7 +354,7 @@ class Gate:
                 self._want_slot(line)
                 break
             self._dispatch(line, line.held.popleft())
-        if not line.held and not line.sent:
+        if line.idle:
             self.lines.pop(line.path, None)
         elif line.held and line.queue is not None:
             self._name_holder(line)
@@ -464,7 +464,7 @@ class Gate:
                 give_back([held.request for held in to_broker])
             for held in line.held:
                 self._next_due = min(self._next_due, held.next_at)
-            if not line.held and not line.sent:
+            if line.idle:
                 self.lines.pop(line.path, None)
 
     def _hand_over(self, line: KeyLine) -> None:
@@ -473,7 +473,7 @@ class Gate:
         while line.held:
             self._dispatch(line, line.held.popleft())
         line.queue, line.watched, line.reading, line.read_again = None, False, False, False
-        if not line.sent:
+        if line.idle:
             self.lines.pop(line.path, None)
 
     # -- ZooKeeper ------------------------------------------------------------------------
@@ -539,7 +539,7 @@ class Gate:
         for line in list(self.lines.values()):
             if not line.held:
                 line.forget_ended(worker_state.reserved_requests)
-                if not line.sent:
+                if line.idle:
                     self.lines.pop(line.path, None)
                 continue
             if not line.watched and not line.reading:

@@ -94,6 +94,11 @@ class KeyLine:
         at = next(i for i, other in enumerate(self.held) if other.due > held.due)
         self.held.insert(at, held)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing held and nothing sent: the gate can forget this key."""
+        return not self.held and not self.sent
+
     def forget_ended(self, running: Container[Any]) -> None:
         """Drop the sent runs whose request is not in ``running`` (their run has ended)."""
         for request in list(self.sent):
