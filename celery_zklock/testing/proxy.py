@@ -47,7 +47,8 @@ class TcpProxy(Service):
         self._thread = threading.Thread(target=self._run, name="zklock-tcp-proxy", daemon=True)
         self.connections_accepted = 0
         self.bytes_dropped = 0
-        """Bytes read and discarded by the black hole (both directions), for tests."""
+        """Bytes read and discarded by the black hole (both directions) or by
+        ``drop_responses`` (the server's), for tests."""
 
     @property
     def address(self) -> str:
@@ -178,6 +179,7 @@ class TcpProxy(Service):
             self._close_pair(sock, peer)
             return
         if not from_client and self.drop_responses:
+            self.bytes_dropped += len(data)
             return
         try:
             peer.sendall(data)

@@ -8,6 +8,10 @@ What kazoo 2.11 does not offer publicly, and what we do about it:
   ``timeOut`` on the connection object *before* kazoo reports CONNECTED. A client that connected
   before this module was imported has no such record: :func:`force_reconnect` makes it reconnect
   (same session) so the next handshake is seen.
+- **How long a handshake waits for its answer.** kazoo waits the session timeout over the number
+  of hosts, with no setting. The same wrapper shortens that wait on the connections
+  :func:`limit_handshake_wait` marks (the library's clients: why, in
+  :data:`celery_zklock.zk.client.HANDSHAKE_WAIT_SHARE`).
 - **The create of a contender node without a thread hop** (shape checked, below).
   ``KazooClient.create_async`` hands its answer to kazoo's callback thread, which copies it
   into the result the caller waits on: one more thread wake-up per lock.
@@ -101,6 +105,7 @@ TTL_SEQUENTIAL_FLAGS: Final = 6
 #: RemoveWatches watcher types (org.apache.zookeeper.Watcher.WatcherType).
 DATA_WATCHES: Final = 2
 _NEGOTIATED_ATTR: Final = "_zklock_negotiated_timeout"
+_HANDSHAKE_WAIT_ATTR: Final = "_zklock_handshake_wait"
 
 #: The parameters each checked hook had when this module was written (kazoo 2.9 to 2.11).
 HOOK_SHAPES: Final[tuple[tuple[type, str, tuple[str, ...]], ...]] = (
@@ -142,7 +147,9 @@ def hook_that_differs() -> str | None:
 
 
 def install_connect_hook() -> None:
-    """Record every negotiated session timeout on its connection object (idempotent)."""
+    """Record every negotiated session timeout on its connection object, and wait for a
+    handshake's answer no longer than its connection's :func:`limit_handshake_wait` (idempotent).
+    """
     global _hook_installed
     with _hook_lock:
         if _hook_installed:
@@ -150,6 +157,8 @@ def install_connect_hook() -> None:
         original = ConnectionHandler._invoke
 
         def _invoke(self: Any, timeout: float, request: Any, xid: Any = None) -> Any:
+            if isinstance(request, Connect):
+                timeout = min(timeout, getattr(self, _HANDSHAKE_WAIT_ATTR, timeout))
             result = original(self, timeout, request, xid)
             if isinstance(request, Connect) and isinstance(result, tuple) and result:
                 response = result[0]
@@ -164,6 +173,13 @@ def install_connect_hook() -> None:
 
 
 install_connect_hook()
+
+
+def limit_handshake_wait(client: KazooClient, seconds: float) -> None:
+    """Make ``client`` give up a connection whose server has not answered its handshake within
+    ``seconds`` (kazoo's wait is the session timeout over the number of hosts, if shorter it
+    stays); kazoo then tries again on its reconnect schedule."""
+    setattr(client._connection, _HANDSHAKE_WAIT_ATTR, seconds)
 
 
 def use_direct_socket_io(client: KazooClient) -> bool:

@@ -54,6 +54,13 @@ RECONNECT_JITTER = 0.25
 """Each wait is drawn from +-25 % of its nominal length: at most ``0.5 * 1.25 = 0.625`` s.
 A refused attempt costs the server nothing; two a second per process is cheap, and the outage's
 logged length (:mod:`celery_zklock.zk.outages`) is off by at most one wait."""
+HANDSHAKE_WAIT_SHARE = 1 / 3
+"""The share of the session timeout a client waits for the answer to its handshake before it
+gives the connection up and tries again (kazoo: the session timeout over the number of hosts,
+so with three hosts or more nothing changes). ZooKeeper in its first moments after a start can
+take a connection and never answer it (ZOOKEEPER-5051): with kazoo's wait, a reconnect that
+landed there cost the session it carried, whose timeout the restarted server counts from its
+start."""
 
 # -- one client per process -------------------------------------------------------------------
 
@@ -126,6 +133,7 @@ def _new_client(config: ClientConfig) -> KazooClient:
         logger=outages.KAZOO_LOG,  # reconnect warnings: one per outage
         **kwargs,
     )
+    adapter.limit_handshake_wait(client, config.session_timeout * HANDSHAKE_WAIT_SHARE)
     adapter.use_direct_socket_io(client)  # threading clients: recv/send before polling
     return client
 
