@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from celery_zklock.testing.proxy import TcpProxy
+
 
 @pytest.fixture
 def other_client(zk_hosts: str) -> Iterator[KazooClient]:
@@ -32,3 +34,12 @@ def sessions(request: pytest.FixtureRequest, zk_hosts: str) -> Iterator[list[Kaz
     for client in clients:
         client.stop()
         client.close()
+
+
+@pytest.fixture
+def proxy(zk_hosts: str) -> Iterator[TcpProxy]:
+    """A started :class:`TcpProxy` in front of the test ZooKeeper (its first host); stopped
+    after the test."""
+    host, _, port = zk_hosts.split(",")[0].rpartition(":")
+    with TcpProxy(host, int(port)) as started:
+        yield started

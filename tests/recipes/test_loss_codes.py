@@ -23,13 +23,6 @@ IDENTITY = json.dumps({"task_id": "loss-codes", "task": "none", "worker": "here"
 
 
 @pytest.fixture
-def proxy(zk_client: KazooClient) -> Iterator[TcpProxy]:
-    host, port = zk_client.hosts[0]
-    with TcpProxy(host, port) as started:
-        yield started
-
-
-@pytest.fixture
 def holder(proxy: TcpProxy) -> Iterator[KazooClient]:
     """The holder's client, reaching ZooKeeper through ``proxy``."""
     client = KazooClient(proxy.address, timeout=SESSION_TIMEOUT)

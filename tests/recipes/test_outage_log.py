@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -16,16 +15,6 @@ from celery_zklock.zk import outages
 from celery_zklock.zk.client import new_client
 from celery_zklock.zk.settings import ClientConfig
 from tests.lockutil import wait_for
-
-
-@pytest.fixture
-def proxy(zk_server: object) -> Iterator[TcpProxy]:
-    host, port = str(zk_server.hosts).split(":")  # type: ignore[attr-defined]
-    proxied = TcpProxy(host, int(port)).start()
-    try:
-        yield proxied
-    finally:
-        proxied.stop()
 
 
 def kazoo_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from kazoo.protocol.states import KazooState
 
 from celery_zklock.testing.proxy import TcpProxy
@@ -31,16 +29,6 @@ from tests.lockutil import wait_for
 SESSION_TIMEOUT = 6.0
 SLACK = 1.0
 """Seconds for a busy machine's scheduling, on top of the wait and one reconnect interval."""
-
-
-@pytest.fixture
-def proxy(zk_server: object) -> Iterator[TcpProxy]:
-    host, port = str(zk_server.hosts).split(":")  # type: ignore[attr-defined]
-    proxied = TcpProxy(host, int(port)).start()
-    try:
-        yield proxied
-    finally:
-        proxied.stop()
 
 
 def test_an_unanswered_handshake_is_given_up_before_the_session_is(proxy: TcpProxy) -> None:
