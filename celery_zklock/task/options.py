@@ -241,7 +241,7 @@ class LockOptions:
     on_unavailable: OnUnavailable = DEFAULT_ON_UNAVAILABLE
     """``lock_on_unavailable``, when ZooKeeper cannot be reached: ``wait`` (ride the outage
     out at a worker's gate, without a pool slot, up to ``zklock_outage_budget``; then
-    ``retry``: see :mod:`celery_zklock.task.outage`), ``retry`` (``self.retry`` with
+    ``retry``: see :func:`celery_zklock.task.sendback.ride_out`), ``retry`` (``self.retry`` with
     ``ZooKeeperUnavailable`` after ``retry_countdown``) or ``raise``. Called directly or
     eagerly, every policy raises."""
 
@@ -649,7 +649,7 @@ class TaskLockSpec:
         its lock paths (:meth:`paths`) and its lock kind (:attr:`kind`). Raises what
         :meth:`paths` raises."""
         paths = self.paths(root, args, kwargs)
-        return LockedCall(options, paths, self.kind)
+        return LockedCall(options, paths, self.kind, PATHS_JOINED_BY.join(paths))
 
     def path(self, root: str, args: Any, kwargs: Any) -> str:
         """The lock path of one call: ``<root>/<lock name>/<key of the arguments>``, ``root``
@@ -687,18 +687,14 @@ class TaskLockSpec:
 class LockedCall:
     """One call of a locked task as the worker's gate resolves it
     (:meth:`TaskLockSpec.resolve`): its options (the task's with the call's overrides), its lock
-    paths (sorted; several for a ``lock_key`` of several keys) and the lock kind of its mode.
-    The gate's paths reach the run (:data:`PATHS_FIELD`)."""
+    paths (sorted; several for a ``lock_key`` of several keys), the lock kind of its mode and,
+    for messages and the gate's lines, its ``path``: the one path, or every path joined by
+    :data:`PATHS_JOINED_BY`. The gate's paths reach the run (:data:`PATHS_FIELD`)."""
 
     options: LockOptions
     paths: tuple[str, ...]
     kind: LockKind
-
-    @property
-    def path(self) -> str:
-        """For messages and the gate's lines: the one path, or every path joined by
-        :data:`PATHS_JOINED_BY`."""
-        return PATHS_JOINED_BY.join(self.paths)
+    path: str
 
 
 class RedeliveryWarning(UserWarning):

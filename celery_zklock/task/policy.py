@@ -22,7 +22,7 @@ preempted     lock_on_lost    retry (Preempted), raise (Preempted): the lock was
                               newer ``preempt`` call; ``Preempted`` is in every locked task's
                               ``throws`` (:func:`expect_preempted`): logged without a traceback
 unavailable   lock_on_        wait (ride the outage out at a gate, then retry: see
-              unavailable     :mod:`celery_zklock.task.outage`), retry (ZooKeeperUnavailable),
+              unavailable     :mod:`celery_zklock.task.sendback`), retry (ZooKeeperUnavailable),
                               raise (ZooKeeperUnavailable); raise outside a worker
 ============  ==============  =======================================================
 

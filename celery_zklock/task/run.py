@@ -39,7 +39,7 @@ from celery_zklock.locks.holders import request_break
 from celery_zklock.locks.identity import identity as node_identity
 from celery_zklock.locks.lease import HeldLease
 from celery_zklock.locks.rate import RATE_NODE, RateLimit
-from celery_zklock.task import canvas, debounce, delivery, outage, replace, sendback, visibility
+from celery_zklock.task import canvas, debounce, delivery, replace, sendback, visibility
 from celery_zklock.task.dedupe import release as release_marker
 from celery_zklock.task.events import emit
 from celery_zklock.task.generation import is_newer, of_request
@@ -233,15 +233,15 @@ class LockedRun:
     def _unavailable(self, message: str, cause: BaseException) -> NoReturn:
         """ZooKeeper cannot be reached: with ``lock_on_unavailable="wait"`` in a worker, and the
         outage budget not spent, the call is sent back to ride the outage out at a gate
-        (:mod:`celery_zklock.task.outage`); else the ``unavailable`` policy applies."""
+        (:func:`celery_zklock.task.sendback.ride_out`); else the ``unavailable`` policy applies."""
         policy: str = self.options.on_unavailable
         if policy == "wait" and self.in_worker:
             now = time.time()
-            since = outage.unavailable_since(self.request) or now
+            since = sendback.unavailable_since(self.request) or now
             if now - since < self.settings.gate.outage_budget:
                 self._log("sent-back", self.path, unavailable_for=round(now - since, 1))
                 due = received_at(self.request)
-                raise outage.ride_out(self.task, self.request, since, due) from cause
+                raise sendback.ride_out(self.task, self.request, since, due) from cause
         if policy == "wait":
             policy = "retry"  # the budget is spent (or no worker): as without riding out
         self._apply("unavailable", policy, f"task {self.task.name!r}: {message}", cause=cause)
@@ -326,9 +326,7 @@ class LockedRun:
             time.time() - received > self.settings.redelivery_timeout
         ):
             return True
-        return (
-            outage.unavailable_since(request) is not None or sendback.first_due(request) is not None
-        )
+        return sendback.sent_back(request)
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool

@@ -2,28 +2,54 @@
 
 Two situations make a run in the pool end at once, without a state, after publishing its call
 again under the same task id, arguments, options, retry count and generation (a retry it is
-not: ``max_retries`` is untouched), with an ETA: ZooKeeper unreachable
-(:mod:`celery_zklock.task.outage`) and, with ``lock_rate`` and a ``wait`` policy, a window that
-has not opened yet (the throttle: the lock is released first, so that nothing is held while the
-call waits). The message carries the instant its call first reached a gate
-(:data:`FIRST_DUE`): back at a gate, it takes its place in its key's line by that instant
-(ahead of calls made after it) and its ``lock_timeout`` goes on counting from there. The message
-is published before the run's own is acknowledged: a worker that dies between the two leaves
-both, and the run of the second looks once for a final state first
-(:meth:`celery_zklock.task.run.LockedRun._acquire`).
+not: ``max_retries`` is untouched), with an ETA: ZooKeeper unreachable (:func:`ride_out`) and,
+with ``lock_rate`` and a ``wait`` policy, a window that has not opened yet (the throttle: the
+lock is released first, so that nothing is held while the call waits). The message carries the
+instant its call first reached a gate (:data:`FIRST_DUE`): back at a gate, it takes its place in
+its key's line by that instant (ahead of calls made after it) and its ``lock_timeout`` goes on
+counting from there. The message is published before the run's own is acknowledged: a worker
+that dies between the two leaves both, and the run of the second looks once for a final state
+first (:meth:`celery_zklock.task.run.LockedRun._acquire`, through :func:`sent_back`).
+
+**Riding an outage out.** With ``lock_on_unavailable="wait"`` (the default) a locked call that
+cannot reach ZooKeeper does not spend its retries nor keep a pool slot: the worker's gate holds
+it while its own client is disconnected (:mod:`celery_zklock.worker.gate`), and a run in the pool
+that finds ZooKeeper unreachable sends its message back (:func:`ride_out`), so that a gate holds
+it. The message carries since when the call has met the outage (:data:`UNAVAILABLE_SINCE`); once
+the outage budget (``zklock_outage_budget``, at most the gate's broker bound) has passed since
+then, the ``unavailable`` policy applies as without riding out: a retry with
+``ZooKeeperUnavailable``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
 from celery.exceptions import Ignore
 
-__all__ = ["FIRST_DUE", "SentBack", "first_due", "header_number", "send_back"]
+__all__ = [
+    "FIRST_DUE",
+    "SEND_BACK_AFTER",
+    "UNAVAILABLE_SINCE",
+    "SentBack",
+    "first_due",
+    "header_number",
+    "ride_out",
+    "send_back",
+    "sent_back",
+    "unavailable_since",
+]
 
 FIRST_DUE: Final = "zklock_first_due"
 """The message header holding when the call first reached a worker's gate (``time.time()``)."""
+UNAVAILABLE_SINCE: Final = "zklock_unavailable_since"
+"""The message header (and request field) holding when the call first met the outage
+(``time.time()``): the outage budget counts from there, across re-sends and workers."""
+SEND_BACK_AFTER: Final = 1.0
+"""Seconds after which a message sent back by :func:`ride_out` reaches a worker again (its ETA):
+a worker whose gate is connected but whose pool process is not yet does not spin on it."""
 
 
 class SentBack(Ignore):  # type: ignore[misc]
@@ -33,6 +59,20 @@ class SentBack(Ignore):  # type: ignore[misc]
 def first_due(request: Any) -> float | None:
     """When the call of ``request`` first reached a gate, if its message says so."""
     return header_number(request, FIRST_DUE)
+
+
+def unavailable_since(request: Any) -> float | None:
+    """When the call of ``request`` first met the outage, if it did (its message says so, or
+    the gate that handed it to the pool past the budget)."""
+    return header_number(request, UNAVAILABLE_SINCE)
+
+
+def sent_back(request: Any) -> bool:
+    """Whether the message of ``request`` was sent back by a run (:func:`send_back`,
+    :func:`ride_out`) or stamped by a gate with the outage it met."""
+    return header_number(request, FIRST_DUE) is not None or (
+        header_number(request, UNAVAILABLE_SINCE) is not None
+    )
 
 
 def send_back(
@@ -66,3 +106,15 @@ def header_number(request: Any, name: str) -> float | None:
         headers = getattr(request, "headers", None)
         value = headers.get(name) if isinstance(headers, Mapping) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def ride_out(task: Any, request: Any, since: float, due: float | None) -> SentBack:
+    """Send the call of ``request`` back (:func:`send_back`) carrying ``since``, to wait at a
+    gate for ZooKeeper; the :class:`SentBack` to raise."""
+    waited = time.time() - since
+    reason = (
+        f"ZooKeeper unreachable for {waited:.1f}s; the call was sent back to wait at a "
+        "worker's gate until it answers"
+    )
+    headers = {UNAVAILABLE_SINCE: since}
+    return send_back(task, request, SEND_BACK_AFTER, reason, headers, due)

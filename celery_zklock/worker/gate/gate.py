@@ -27,7 +27,7 @@ message (kombu's timer keeps a cancelled entry, and the request it references, u
 - it was revoked, or its ``expires`` passed: it ends REVOKED as Celery ends such a request.
 
 While the gate's client is disconnected from ZooKeeper, locked calls ride the outage out here
-(:mod:`celery_zklock.task.outage`): held calls stay held, and new ones of any busy policy whose
+(:mod:`celery_zklock.task.sendback`): held calls stay held, and new ones of any busy policy whose
 ``lock_on_unavailable`` is ``wait`` are held in their key's line, until ZooKeeper answers (then
 each line goes on as before; a call that does not wait when busy goes to the pool at its turn)
 or until the outage budget (``zklock_outage_budget``) has passed since the call met the outage:
@@ -58,7 +58,7 @@ from kazoo.protocol.states import KazooState, WatchedEvent
 from celery_zklock.errors import ConfigurationError
 from celery_zklock.locks.contenders import first_blocker, queue_of
 from celery_zklock.locks.identity import parse_identity
-from celery_zklock.task import outage, sendback, visibility
+from celery_zklock.task import sendback, visibility
 from celery_zklock.task.metrics import count_held
 from celery_zklock.task.options import (
     CALL_OPTION,
@@ -607,12 +607,12 @@ def _revoked(request: Any) -> bool:
 def _stamped(request: Any, since: float) -> Any:
     """``request``, telling its run since when its call has met the outage (past the budget:
     the run applies ``lock_on_unavailable``'s policy instead of sending it back)."""
-    request.request_dict[outage.UNAVAILABLE_SINCE] = since
+    request.request_dict[sendback.UNAVAILABLE_SINCE] = since
     return request
 
 
 def _outage_since(request: Any, away_since: float) -> float:
     """Since when the call of ``request`` has met the outage: ``away_since`` (when the gate lost
     ZooKeeper), or earlier if its message says so (sent back by a run)."""
-    carried = outage.unavailable_since(request)
+    carried = sendback.unavailable_since(request)
     return away_since if carried is None else min(carried, away_since)
