@@ -49,8 +49,13 @@ SINGLETON: Final = "bench.singleton"
 ONCE: Final = "bench.once"
 CPU_PLAIN: Final = "bench.cpu5_plain"
 CPU_ZKLOCK_SKIP: Final = "bench.cpu5_zklock_skip"
+SLEEP_PLAIN: Final = "bench.sleep_plain"
 #: CPU seconds the body of the CPU-bound tasks burns.
 CPU_BODY_S: Final = 0.005
+#: Seconds the body of SLEEP_PLAIN sleeps: about what a lock adds to a no-op's span in section
+#: 4 (3.6 ms at p50 on the machine of 2026-11-29), so that it shows what a task that long costs
+#: a worker without a lock.
+SLEEP_BODY_S: Final = 0.0036
 #: The one key every call of ZKLOCK_SHARED takes (as a reader).
 SHARED_KEY: Final = "all"
 #: Task name -> why it could not be registered (its package is missing or broken).
@@ -96,9 +101,15 @@ def burn_cpu_bound(self: Any, key: str) -> None:
     burn_cpu(key)
 
 
+def sleep_body(key: str) -> None:
+    """Sleep :data:`SLEEP_BODY_S`: a plain task as long in the pool as a locked no-op."""
+    time.sleep(SLEEP_BODY_S)
+
+
 def register_tasks(app: Celery) -> None:
     app.task(name=PLAIN, shared=False)(noop)
     app.task(name=CPU_PLAIN, shared=False)(burn_cpu)
+    app.task(name=SLEEP_PLAIN, shared=False)(sleep_body)
     locked: dict[str, Any] = {
         "bind": True,
         "base": ZkLockTask,

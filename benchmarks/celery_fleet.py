@@ -40,6 +40,8 @@ from benchmarks.celery_app import (
     PLAIN,
     QUEUE_PREFIX,
     SINGLETON,
+    SLEEP_BODY_S,
+    SLEEP_PLAIN,
     SPANS_PREFIX,
     ZKLOCK_SHARED,
     ZKLOCK_SKIP,
@@ -71,6 +73,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CONTENDERS: tuple[Contender, ...] = (
     Contender("plain", PLAIN, "celery", "plain no-op task", baseline=None),
+    Contender(
+        "plain-sleep",
+        SLEEP_PLAIN,
+        "celery",
+        f"plain task, body sleeps {SLEEP_BODY_S * 1000:g} ms (as long as a locked no-op, unlocked)",
+    ),
     Contender("zklock-skip", ZKLOCK_SKIP, "celery-zklock", 'ZkLockTask, lock_on_busy="skip"'),
     Contender("zklock-wait", ZKLOCK_WAIT, "celery-zklock", 'ZkLockTask, lock_on_busy="wait"'),
     Contender(

@@ -1,10 +1,12 @@
 """Where a locked task's worker CPU goes: per process and thread, CPU and context switches.
 
 ``python -m benchmarks.worker_threads [--tasks N]`` lays out section 4's worker (ZooKeeper on one
-CPU, the prefork worker and Redis on the other), drains batches of plain and ``zklock-skip``
-no-op tasks in turn, and prints, per task of the batch, each thread's CPU (``/proc``, clock
-ticks) and its voluntary and involuntary context switches. A diagnostic, not a section of
-``make bench``: what it showed is in ``docs/benchmark-results.md`` (section 4).
+CPU, the prefork worker and Redis on the other), drains batches of ``plain``, ``plain-sleep``
+(a plain task as long in the pool as a locked one) and ``zklock-skip`` no-op tasks in turn, and
+prints, per task of the batch, each thread's CPU (``/proc``, clock ticks) and its voluntary and
+involuntary context switches, and the worker's CPU in all (every thread of every process). A
+diagnostic, not a section of ``make bench``: what it showed is in
+``docs/benchmark-results.md`` (section 4).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
-CONTENDERS = ("plain", "zklock-skip")
+CONTENDERS = ("plain", "plain-sleep", "zklock-skip")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                 before = {pid: sample_threads(pid) for pid in pids}
                 celery_fleet._batch(bench, by_label[label], label, args.tasks)
                 print(f"{label}: per task of the batch (CPU ms, voluntary, involuntary switches)")
+                total = 0.0
                 for pid in pids:
                     role = "main " if pid == pids[0] else "child"
                     for tid, now in sorted(sample_threads(pid).items()):
@@ -95,9 +98,11 @@ def main(argv: list[str] | None = None) -> None:
                         cpu = (now.ticks - was.ticks) * TICK_MS / args.tasks
                         vol = (now.voluntary - was.voluntary) / args.tasks
                         invol = (now.involuntary - was.involuntary) / args.tasks
+                        total += cpu
                         if cpu > 0.005 or vol > 0.05:  # leave out threads that slept through
                             print(f"  {role} {pid} thread {tid}: CPU {cpu:.3f} ms, "
                                   f"{vol:.2f} voluntary, {invol:.2f} involuntary")  # fmt: skip
+                print(f"  all threads: CPU {total:.3f} ms")
         finally:
             worker.stop(grace=10.0)
             celery_fleet._restore(layout, None)
