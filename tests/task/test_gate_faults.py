@@ -206,13 +206,13 @@ def test_one_worker_starts_held_calls_in_order_and_a_warm_shutdown_keeps_it(
         assert sorted(order) == [0, 1, 2, 3], order
 
 
-def test_two_workers_keep_each_ones_order_and_overtake_within_the_bound(
+def test_two_workers_keep_each_ones_order_and_are_overtaken_only_by_the_others_calls(
     taskenv: tuple[Celery, dict[str, str], Path],
 ) -> None:
     """Two workers share a queue and 20 calls on one key. Each worker starts the calls it
     received in the order it received them (the order sent); a call can be overtaken only by
-    calls the other worker received, at most one per grant while it waits (one per call of its
-    own worker ahead of it, plus one)."""
+    calls the other worker received. How many is a matter of timing (docs/waiting.md, "Order"),
+    so no count is asserted."""
     app, env, tmp = taskenv
     from tests.taskapp import gated_step
 
@@ -234,9 +234,6 @@ def test_two_workers_keep_each_ones_order_and_overtake_within_the_bound(
         mine = next(w for w, seqs in by_worker.items() if seq in seqs)
         others = {s for w, seqs in by_worker.items() if w != mine for s in seqs}
         assert set(overtakers) <= others, (seq, overtakers, by_worker)
-        # At most one of the other worker's calls per grant while this one waited: one for
-        # each call of its own worker ahead of it, and one at its own turn.
-        assert len(overtakers) <= by_worker[mine].index(seq) + 1, (seq, overtakers, by_worker)
 
 
 def test_revoked_and_expired_held_calls_end_at_once(
