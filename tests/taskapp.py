@@ -447,6 +447,24 @@ def gated_step(self: Any, key: str, seq: int, hold_s: float) -> int:
     return seq
 
 
+class _EndsLate(ZkLockTask):
+    """A locked task whose run, after its lock is released, is held up in ``after_return`` (as a
+    slow result store would) until the file ``release-end-<key>`` exists."""
+
+    def after_return(self, *args: Any, **kwargs: Any) -> None:
+        hold_until_released(f"end-{self.request.args[0]}", 60.0)
+
+
+@app.task(
+    bind=True, base=_EndsLate, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=300,
+)  # fmt: skip
+def gated_ends_late(self: Any, key: str, seq: int, hold_s: float) -> int:
+    """:func:`gated_step` (same lock), whose run ends only once ``release-end-<key>`` exists,
+    well after its lock was released."""
+    return int(gated_step.run(key, seq, hold_s))
+
+
 @app.task(
     bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
     lock_timeout=3, lock_on_timeout="skip",

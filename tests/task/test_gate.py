@@ -268,3 +268,31 @@ def test_slots_runs_free_go_to_the_held_calls_at_once(
         (tmp / "release-s1").touch()
         starts = sorted(result.get(timeout=60) for result in calls)
     assert starts[-1] - starts[0] < 0.6, [round(b - a, 3) for a, b in itertools.pairwise(starts)]
+
+
+def test_a_held_call_goes_on_once_its_workers_run_released_the_lock_not_once_it_ended(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """A worker's gate sends a key's next held call as soon as its own run of that key has
+    released the lock, even while that run is still finishing (here held up in
+    ``after_return``, as by a slow result store). It used to wait for the run's end, so at each
+    of its own releases another worker's call took the lock first (docs/waiting.md, "Order"):
+    the CI failure of 2026-11-29, a call overtaken by three of the other worker's."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_ends_late, gated_step
+
+    def started() -> list[int]:
+        return [r["seq"] for r in read_records(tmp / "steps-late") if r["at"] == "start"]
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        gated_ends_late.apply_async(("late", 0, 60.0), queue=worker.queue)
+        wait_for(lambda: started() == [0], 30, "the first call to hold the lock")
+        gated_step.apply_async(("late", 1, 0.0), queue=worker.queue)
+        wait_for(lambda: sum(c["held"] for c in held_at_gate(app).values()) == 1, 30,
+                 "the second call to be held at the gate")  # fmt: skip
+        (tmp / "release-late").touch()  # the first's body ends, its lock goes; its run goes on
+        try:
+            wait_for(lambda: started() == [0, 1], 20,
+                     "the second call to start while the first's run still ends")  # fmt: skip
+        finally:
+            (tmp / "release-end-late").touch()

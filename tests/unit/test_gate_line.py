@@ -52,6 +52,39 @@ def test_line_releases_in_arrival_order_and_one_writer_per_grant() -> None:
     assert not line.held and not line.sent  # nothing held, nothing sent: the gate forgets it
 
 
+class _Request:
+    """A worker request as a line keeps it: hashed by identity, with its task ``id``."""
+
+    def __init__(self, task_id: str) -> None:
+        self.id = task_id
+
+
+def test_a_sent_run_whose_named_node_went_no_longer_holds_the_next_back() -> None:
+    """The node the gate named as the holder is gone from the queue: the sent run of that task
+    id released its lock, and the next message may go while that run still ends; a later run of
+    the same task id (a retry) is not forgotten for it."""
+    run, other = _Request("t1"), _Request("t2")
+    line = KeyLine("/zklock/t/k", queue=queue_of([WRITER]), holder="t1", named=WRITER)
+    waiting = Held("r2", WRITE, 2.0)
+    line.held.append(waiting)
+    line.sent.update({run: WRITE, other: WRITE})
+    line.forget_released()
+    assert set(line.sent) == {run, other}  # the named node is still there
+    line.queue = []
+    line.forget_released()
+    assert set(line.sent) == {other}  # t1's run released; t2's has not been seen go
+    del line.sent[other]
+    assert next_ready(line) is waiting
+    retry = _Request("t1")
+    line.sent[retry] = WRITE
+    line.forget_released()
+    assert set(line.sent) == {retry}  # once per named node
+    unnamed = KeyLine("/zklock/t/k", queue=[], holder="", named=WRITER)
+    unnamed.sent[run] = WRITE
+    unnamed.forget_released()
+    assert set(unnamed.sent) == {run}  # not a task run's node: nothing to forget
+
+
 def test_readers_behind_a_held_writer_keep_their_turn() -> None:
     line = KeyLine("/zklock/t/k", queue=queue_of([READER]))
     writer, reader = Held("w", WRITE, 1.0), Held("r", READ, 2.0)

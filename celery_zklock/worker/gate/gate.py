@@ -404,7 +404,7 @@ class Gate:
             data, _ = result.get_nowait()
         except Exception:
             data = None  # gone already, or ZooKeeper failed: the holder stays unnamed
-        line.holder = parse_identity(data).task_id or ""
+        line.holder, line.named = parse_identity(data).task_id or "", node
         for held in line.held:
             if not held.told:
                 self._tell_held(line, held)
@@ -507,6 +507,7 @@ class Gate:
             line.read_again = False
             return self._read(line)
         line.queue, line.watched = queue_of(children), watched
+        line.forget_released()
         return self._advance(line)
 
     def _on_watch(self, event: WatchedEvent) -> None:  # a kazoo thread

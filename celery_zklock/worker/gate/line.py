@@ -2,7 +2,8 @@
 
 The gate (:mod:`celery_zklock.worker.gate.gate`) keeps a :class:`KeyLine` per lock path with
 messages held in its worker: the held messages in arrival order, the ones this worker already
-handed to its pool (``sent``, until their run ends), and the path's contender queue as last read
+handed to its pool (``sent``, until their run ends, or releases the node the gate named as the
+holder: :meth:`KeyLine.forget_released`), and the path's contender queue as last read
 (``queue``, None until read). :func:`may_enter` is the dispatch rule: the lock's own predicate
 (:func:`~celery_zklock.locks.contenders.first_blocker`) says whether a new contender would be
 granted now, and what this worker already sent and has not yet seen in the queue counts as if it
@@ -84,6 +85,8 @@ class KeyLine:
     """The node the head of the line waits for, as last looked up."""
     holder: str | None = None
     """That node's task id ("" when it is not a task run's), once read."""
+    named: str | None = None
+    """The node ``holder`` was read from."""
 
     def add(self, held: Held) -> None:
         """Put ``held`` in the line by when it reached a gate first: behind every message due
@@ -103,6 +106,20 @@ class KeyLine:
         """Drop the sent runs whose request is not in ``running`` (their run has ended)."""
         for request in list(self.sent):
             if request not in running:
+                del self.sent[request]
+
+    def forget_released(self) -> None:
+        """Drop the sent run that held the node ``holder`` names once that node is gone from
+        ``queue``: the run released its lock (it may still be finishing, storing its result),
+        so the next held message need not wait for its end, which would let another worker's
+        message take the lock first at each release of this worker's."""
+        if not self.holder or self.named is None or self.queue is None:
+            return
+        if any(contender.name == self.named for contender in self.queue):
+            return
+        self.named = None  # once: a later run of the same task id (a retry) is another run
+        for request in list(self.sent):
+            if request.id == self.holder:
                 del self.sent[request]
 
     def head_ready(self, now: float = float("inf")) -> bool:
