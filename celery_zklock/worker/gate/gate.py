@@ -507,7 +507,8 @@ class Gate:
             line.read_again = False
             return self._read(line)
         line.queue, line.watched = queue_of(children), watched
-        line.forget_released()
+        if line.named is not None:  # a holder was named: it may be our run, released
+            line.forget_released()
         return self._advance(line)
 
     def _on_watch(self, event: WatchedEvent) -> None:  # a kazoo thread
