@@ -439,6 +439,11 @@ def gated_failing_tracked(self: Any, key: str, hold_s: float) -> None:
 def gated_step(self: Any, key: str, seq: int, hold_s: float) -> int:
     """A ``wait`` task of the order tests: records ``seq`` when its body starts and when it
     ends (with its worker), holds ``hold_s`` or until the file ``release-<key>`` exists."""
+    return _step(self, key, seq, hold_s)
+
+
+def _step(self: Any, key: str, seq: int, hold_s: float) -> int:
+    """The body of :func:`gated_step`, for any task on its lock."""
     request = self.request
     start = {"seq": seq, "at": "start", "task_id": request.id, "worker": request.hostname}
     _append(DIR / f"steps-{key}", {**start, "token": self.lock.token})
@@ -462,7 +467,7 @@ class _EndsLate(ZkLockTask):
 def gated_ends_late(self: Any, key: str, seq: int, hold_s: float) -> int:
     """:func:`gated_step` (same lock), whose run ends only once ``release-end-<key>`` exists,
     well after its lock was released."""
-    return int(gated_step.run(key, seq, hold_s))
+    return _step(self, key, seq, hold_s)
 
 
 @app.task(

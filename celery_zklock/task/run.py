@@ -326,7 +326,10 @@ class LockedRun:
             time.time() - received > self.settings.redelivery_timeout
         ):
             return True
-        return sendback.sent_back(request)
+        return (
+            sendback.unavailable_since(request) is not None
+            or sendback.first_due(request) is not None
+        )
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool

@@ -9,7 +9,7 @@ instant its call first reached a gate (:data:`FIRST_DUE`): back at a gate, it ta
 its key's line by that instant (ahead of calls made after it) and its ``lock_timeout`` goes on
 counting from there. The message is published before the run's own is acknowledged: a worker
 that dies between the two leaves both, and the run of the second looks once for a final state
-first (:meth:`celery_zklock.task.run.LockedRun._acquire`, through :func:`sent_back`).
+first (:meth:`celery_zklock.task.run.LockedRun._acquire`).
 
 **Riding an outage out.** With ``lock_on_unavailable="wait"`` (the default) a locked call that
 cannot reach ZooKeeper does not spend its retries nor keep a pool slot: the worker's gate holds
@@ -38,7 +38,6 @@ __all__ = [
     "header_number",
     "ride_out",
     "send_back",
-    "sent_back",
     "unavailable_since",
 ]
 
@@ -65,14 +64,6 @@ def unavailable_since(request: Any) -> float | None:
     """When the call of ``request`` first met the outage, if it did (its message says so, or
     the gate that handed it to the pool past the budget)."""
     return header_number(request, UNAVAILABLE_SINCE)
-
-
-def sent_back(request: Any) -> bool:
-    """Whether the message of ``request`` was sent back by a run (:func:`send_back`,
-    :func:`ride_out`) or stamped by a gate with the outage it met."""
-    return header_number(request, FIRST_DUE) is not None or (
-        header_number(request, UNAVAILABLE_SINCE) is not None
-    )
 
 
 def send_back(
