@@ -87,6 +87,8 @@ GATE_REPLY_TIMEOUT: Final = 1.0
 """Seconds to wait for the workers' gates to say what they hold (``zklock_held``)."""
 QUORUM_LOSS_MARGIN: Final = 3.0
 """Seconds past the session timeout that ``quorum_loss`` keeps a majority of members down."""
+FIRST_FAULT_SECONDS: Final = 10.0
+"""The pace :meth:`FaultInjector.seconds_left` assumes until a fault ended."""
 NOT_RECONNECTED: Final = "the injector's own client was still not reconnected"
 INJECTOR_RECONNECT_DELAY: Final = 1.0
 """Longest pause between the injector's own client's attempts to reconnect (kazoo's default
@@ -414,6 +416,7 @@ class FaultInjector:
         self._recorder = SectionRecorder(env.records, env.run_id)
         self._sections = OpenSections(env.records, env.run_id)
         self._stop = threading.Event()
+        self._started: float | None = None  # time.monotonic() when run() began
         self._zk: KazooClient | None = None
         self._undo: list[Callable[[], None]] = []
 
@@ -430,6 +433,19 @@ class FaultInjector:
         """True while faults of the plan are still to run."""
         return self.done < self.total and not self._stop.is_set()
 
+    def seconds_left(self) -> float:
+        """Rough seconds the faults still to run take, at the pace of those run so far
+        (``FIRST_FAULT_SECONDS`` each before the first ended); 0.0 once none is pending."""
+        if not self.pending():
+            return 0.0
+        started, done = self._started, self.done
+        pace = (
+            FIRST_FAULT_SECONDS
+            if started is None or not done
+            else ((time.monotonic() - started) / done)
+        )
+        return pace * (self.total - done)
+
     def stop(self) -> None:
         """Ask :meth:`run` to return after the fault in progress (safe from any thread)."""
         self._stop.set()
@@ -440,6 +456,7 @@ class FaultInjector:
 
         Faults not reached because of :meth:`stop` are recorded as not run.
         """
+        self._started = time.monotonic()
         for index, kind in enumerate(self.order):
             if self._stop.wait(self.gap if index else 0.0):
                 self._record(FaultRecord(kind, time.time(), "", False, "the run ended first"))

@@ -101,6 +101,10 @@ RESERVE_IN_FLIGHT: Final = 2
 RESERVE_HOLD_MS: Final = 2000
 """Least hold of a reserve task sent while faults are due: with the usual few hundred ms the
 reserve was spent in a couple of seconds, and the last faults of a slow run found no holder."""
+RESERVE_HOLD_SHARE: Final = 0.5
+"""Longest hold of a reserve task, as a share of the wait timeout: a reserve task holds as long
+as the faults still due need (their seconds left spread over the reserve), but a waiter behind
+one must not time out for it."""
 DEFAULT_SYNC_LIMIT: Final = 5
 # Rough seconds one fault takes (plus the session timeout for the ones that outlast one),
 # to size the default duration of a run with faults.
@@ -431,8 +435,11 @@ def _send_all(
     faults_pending: Callable[[], bool],
     min_in_flight: int,
     stop: threading.Event,
+    faults_seconds_left: Callable[[], float] = lambda: 0.0,
 ) -> None:
-    """Send ``plan`` on its schedule (see the module docstring); runs in its own thread."""
+    """Send ``plan`` on its schedule (see the module docstring); runs in its own thread.
+    ``faults_seconds_left`` says how long the faults still due take, which the reserve's holds
+    stretch to cover."""
     try:
         duration = config.effective_duration()
         reserve_from = math.floor(len(plan) * (1 - RESERVE_SHARE)) if faults_pending() else None
@@ -453,7 +460,14 @@ def _send_all(
                     if stop.wait(POLL):
                         return
                 if faults_pending():
-                    hold_ms = max(hold_ms, RESERVE_HOLD_MS)
+                    # Spread over the reserve left, RESERVE_IN_FLIGHT at a time: Docker's
+                    # faults take several times FAULT_SECONDS, and the last ones of a run
+                    # were recorded "the run ended first" once the reserve ran dry.
+                    spread_ms = (
+                        1000 * faults_seconds_left() * RESERVE_IN_FLIGHT / (len(plan) - index)
+                    )
+                    longest_ms = 1000 * RESERVE_HOLD_SHARE * config.wait_timeout
+                    hold_ms = max(hold_ms, RESERVE_HOLD_MS, int(min(spread_ms, longest_ms)))
             task_id = str(uuid.uuid4())
             for attempt in range(1, SEND_ATTEMPTS + 1):
                 try:
@@ -952,6 +966,7 @@ def _drive(
         args=(run.app, run.run_id, plan, config, progress),
         kwargs={
             "faults_pending": injector.pending if injector is not None else lambda: False,
+            "faults_seconds_left": (injector.seconds_left if injector is not None else lambda: 0.0),
             "min_in_flight": slots,
             "stop": stop,
         },

@@ -359,6 +359,9 @@ def test_a_paused_leader_starts_no_unit_after_another_was_elected(
 
 PARTITION_TRIALS = 5
 """Cut-off leaders measured; void trials (leadership lost before the cut) are run again."""
+VOID_TRIALS = 3 * PARTITION_TRIALS
+"""Void trials after which the test gives up. The trials of a round run at once, so one stall
+of a loaded machine voids a whole round (all 5 did in a .ci/run here)."""
 
 
 def _partition_trial(server_port: int, hosts: str, index: int) -> tuple[float, float, float]:
@@ -420,7 +423,7 @@ def test_a_cut_off_leader_knows_before_another_is_elected(
     server = zk_stack_factory.server()
     margins: list[float] = []
     voids = 0
-    while len(margins) < PARTITION_TRIALS and voids < PARTITION_TRIALS:
+    while len(margins) < PARTITION_TRIALS and voids < VOID_TRIALS:
         found: list[tuple[float, float, float]] = []
         errors: list[BaseException] = []
         threads = [
