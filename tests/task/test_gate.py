@@ -94,7 +94,8 @@ def test_hot_key_leaves_the_pool_to_other_tasks(
         latencies = [result.get(timeout=60) - at for at, result in sent]
         for result in locked:
             result.get(timeout=60)
-    assert percentile(latencies, 0.95) <= 2.0, sorted(latencies)
+    # Half the ~7 s without the gate: a loaded CI machine's margin, still failing without it.
+    assert percentile(latencies, 0.95) <= 3.5, sorted(latencies)
     if broker.name == "redis":
         assert operators_see.exit_code == 0, operators_see.output
         (held,) = json.loads(operators_see.output)["held"]
