@@ -35,6 +35,10 @@ def held_at_gate(app: Celery) -> dict[str, Any]:
     return merged
 
 
+def _held(app: Celery) -> int:
+    return sum(counts["held"] for counts in held_at_gate(app).values())
+
+
 def live_of(app: Celery) -> dict[str, int]:
     """The one worker's ``zklock_live`` answer (:mod:`celery_zklock.testing.introspect`)."""
     (answer,) = app.control.broadcast("zklock_live", reply=True, timeout=5.0)
@@ -178,6 +182,43 @@ def test_a_held_message_times_out_at_the_gate_and_skips_at_once(
     budget = float(timed_out.split("waited_up_to=")[1].split()[0])
     assert budget < 0.5, timed_out  # the pool's wait is what the 1.5 s left, not 1.5 s again
     assert [r["seq"] for r in read_records(tmp / "steps-t") if r["at"] == "start"] == [-1]
+
+
+def test_a_timed_out_message_waits_for_a_free_slot_at_the_gate_not_in_a_busy_pool(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """Both pool slots busy (two holders, one of them of the waiter's key; prefetch multiplier
+    1) when a held message's ``lock_timeout`` runs out: it stays at the gate until a slot
+    frees, and goes back to the broker at the gate's bound meanwhile, never into the busy
+    pool, where it would sit unacknowledged past the broker's visibility timeout and be handed
+    out again while this worker still has it (an every-fault run found such a copy run by
+    another worker: there the outage budget sent it on, which now goes the same way)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_step
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "8", "ZKLOCK_GATE_MAX_HOLD": "5"}
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        holders = [gated_step.apply_async(("p", -1, 120.0), queue=worker.queue)]
+        wait_for(lambda: (tmp / "steps-p").exists(), 30, "holder p")
+        # Held (which raises the prefetch of 2 by one), then the second slot taken by holder q.
+        policy = {"timeout": 3.0, "on_timeout": "skip"}
+        waiter = gated_step.apply_async(("p", 0, 0.1), queue=worker.queue, zklock=policy)
+        wait_for(lambda: _held(app) == 1, 30, "the waiter held at the gate")
+        holders.append(gated_step.apply_async(("q", -1, 120.0), queue=worker.queue))
+        wait_for(lambda: (tmp / "steps-q").exists(), 30, "holder q")
+        # Kept at the gate, it goes back at its 5 s bound, and waits in the broker until a slot
+        # frees (the prefetch is full again); sent on into the busy pool at its 3 s timeout, it
+        # would never go back (so before the fix).
+        given_back = f"go back to the broker: {waiter.id}"
+        wait_for(lambda: given_back in worker.log_text(), 30, "the waiter's message to go back")
+        for key in "pq":
+            (tmp / f"release-{key}").touch()
+        assert [holder.get(timeout=60) for holder in holders] == [-1, -1]
+        outcome = waiter.get(timeout=60)
+    assert received_twice_while_held(worker.log_text()) == [], worker.log_text()
+    assert outcome == 0 or outcome["reason"] == "timeout", outcome
+    starts = [r["task_id"] for r in read_records(tmp / "steps-p") if r["at"] == "start"]
+    assert starts.count(waiter.id) <= 1, starts
 
 
 def test_readers_pass_together_and_a_semaphore_admits_its_limit(

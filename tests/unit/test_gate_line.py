@@ -101,17 +101,22 @@ def test_a_line_goes_back_to_the_broker_from_the_first_message_at_its_bound() ->
     second = Held("r2", WRITE, 2.0, bound_at=10.0)  # received earlier (an ETA message)
     third = Held("r3", WRITE, 3.0, bound_at=30.0)
     line.held.extend([first, second, third])
-    assert line.take_due(9.0) == ([], [])
-    assert line.take_due(10.0) == ([], [second, third])
+    assert line.take_due(9.0) == []
+    assert line.take_due(10.0) == [second, third]
     assert list(line.held) == [first]
 
 
-def test_a_timed_out_message_leaves_alone_for_the_pool() -> None:
+def test_a_timed_out_message_goes_first_at_a_free_slot_and_stays_held_until_then() -> None:
+    """Its run applies ``lock_on_timeout``: it goes ahead of the busy head, whatever the queue
+    (here unread), but stays in the line, its broker bound running, until the gate has a free
+    pool slot for it (:meth:`KeyLine.next_ready`)."""
     line = KeyLine("/zklock/t/k")
     first = Held("r1", WRITE, 1.0, bound_at=100.0, timeout_at=50.0)
     second = Held("r2", WRITE, 2.0, bound_at=100.0, timeout_at=5.0)
     line.held.extend([first, second])
     assert first.next_at == 50.0 and second.next_at == 5.0
-    assert line.take_due(5.0) == ([second], [])
-    assert list(line.held) == [first]
-    assert line.take_due(100.0) == ([], [first])  # the bound wins over a later timeout
+    assert line.next_ready() is None and not line.going
+    assert line.take_due(5.0) == []
+    assert line.going and (first.go, second.go) == (False, True)
+    assert line.next_ready() is second and list(line.held) == [first, second]
+    assert line.take_due(100.0) == [first, second]  # the bound wins: back to the broker

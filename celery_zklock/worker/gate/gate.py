@@ -18,8 +18,10 @@ A held message leaves the gate by itself in three cases, checked every :data:`RE
 seconds against its instants (:class:`~celery_zklock.worker.gate.line.Held`), with no timer per
 message (kombu's timer keeps a cancelled entry, and the request it references, until its due time):
 
-- its ``lock_timeout`` (counted from when it reached the gate) ran out: to the pool, whose run
-  applies ``lock_on_timeout`` at once;
+- its ``lock_timeout`` (counted from when it reached the gate) ran out: to the pool at the
+  first free slot, whose run applies ``lock_on_timeout`` at once (as the outage budget and a
+  failed read send messages on: never into a busy pool, where it could sit past the broker's
+  bound; held until a slot frees or the bound comes);
 - the broker's redelivery bound (:class:`~celery_zklock.zk.settings.GateConfig`, counted from the
   worker's receipt of the message, ETA waits included) came: back to the broker with every
   message behind it on its key, in order (:mod:`celery_zklock.worker.gate.giveback`), never into a
@@ -222,10 +224,14 @@ class Gate:
         path, kind, timeout = call.path, call.kind, call.options.timeout
         now = time.time()
         away_since = self._away_since
+        go = False  # past the outage budget, its run applies `unavailable`: at a free slot
         if away_since is not None:
             since = _outage_since(request, away_since)
             if now - since >= self.config.outage_budget:
-                return self._handle(_stamped(request, since))  # the run applies `unavailable`
+                _stamped(request, since)
+                if self._pool_free() + 1 > 0:  # this request is counted as in the pool already
+                    return self._handle(request)
+                go = True
         line = self.lines.get(path)
         if line is None:
             line = self.lines[path] = KeyLine(path)
@@ -237,7 +243,7 @@ class Gate:
         first = sendback.first_due(request)  # sent back by a run: its place is its first one's
         due = due if first is None else min(due, first)
         held = Held(request, kind, due, bound_at=received + self.config.max_hold)
-        held.waits = waits
+        held.waits, held.go = waits, go
         if first is not None:
             held.not_before = now + SENT_BACK_SETTLE
         if timeout is not None and waits:
@@ -276,6 +282,8 @@ class Gate:
         count_held(request.name, 1)
         if line.holder is not None:
             self._tell_held(line, held)
+        if go:
+            self._want_slot(line)
         if connected and not line.reading and (line.queue is None or not line.watched):
             self._read(line)
         return None
@@ -349,11 +357,12 @@ class Gate:
     def _advance(self, line: KeyLine) -> None:
         line.forget_ended(worker_state.reserved_requests)
         now = time.time()
-        while line.head_ready(now):
-            if self._pool_free() <= 0:
+        while (held := line.next_ready(now)) is not None:
+            if self._pool_free() <= 0:  # never into a busy pool, past the broker's bound
                 self._want_slot(line)
                 break
-            self._dispatch(line, line.held.popleft())
+            line.held.remove(held)
+            self._dispatch(line, held)
         if line.idle:
             self.lines.pop(line.path, None)
         elif line.held and line.queue is not None:
@@ -436,17 +445,16 @@ class Gate:
                 for held in [h for h in line.held if _revoked(h.request)]:
                     line.held.remove(held)
                     self._release_hold(held)
-            if away_since is not None:  # held past the outage budget: to the pool (`unavailable`)
-                for held in list(line.held):
+            if away_since is not None:  # held past the outage budget: goes (`unavailable`)
+                for held in line.held:
                     since = _outage_since(held.request, away_since)
-                    if now - since >= self.config.outage_budget:
-                        line.held.remove(held)
+                    if not held.go and now - since >= self.config.outage_budget:
                         _stamped(held.request, since)
-                        self._dispatch(line, held)
+                        held.go = True
             # While ZooKeeper is away no lock_timeout runs out (it is never taken for a busy lock).
-            to_pool, to_broker = line.take_due(now, timeouts=away_since is None)
-            for held in to_pool:
-                self._dispatch(line, held)  # the run applies lock_on_timeout, if still busy
+            to_broker = line.take_due(now, timeouts=away_since is None)
+            if line.going:  # the run applies lock_on_timeout or `unavailable`, at a free slot
+                self._advance(line)
             for held in to_broker:
                 self._release_hold(held)
             if to_broker:
@@ -468,13 +476,12 @@ class Gate:
                 self.lines.pop(line.path, None)
 
     def _hand_over(self, line: KeyLine) -> None:
-        """ZooKeeper cannot answer for this key: every held message goes to the pool, where
-        the run's ``unavailable`` policy applies."""
-        while line.held:
-            self._dispatch(line, line.held.popleft())
+        """ZooKeeper cannot answer for this key: every held message goes to the pool as slots
+        free, where the run's ``unavailable`` policy applies."""
+        for held in line.held:
+            held.go = True
         line.queue, line.watched, line.reading, line.read_again = None, False, False, False
-        if line.idle:
-            self.lines.pop(line.path, None)
+        self._advance(line)
 
     # -- ZooKeeper ------------------------------------------------------------------------
     def _read(self, line: KeyLine) -> None:
@@ -544,14 +551,15 @@ class Gate:
                 if line.idle:
                     self.lines.pop(line.path, None)
                 continue
-            if not line.watched and not line.reading:
+            reread = not line.watched and not line.reading
+            if reread:
                 self._read(line)
-            elif line.queue is not None:
+            if line.going or (not reread and line.queue is not None):
                 waiting_for_a_slot.append(line)
         # Runs that ended let the next of their key go, and free pool slots go to the lines
         # whose first message came first.
         for line in sorted(waiting_for_a_slot, key=lambda line: line.held[0].due):
-            if line.held and line.queue is not None:
+            if line.held and (line.going or line.queue is not None):
                 self._advance(line)
 
     def _discount_outage(self, away_since: float) -> None:

@@ -44,6 +44,10 @@ class Held:
     not_before: float = 0.0
     """It may not go to the pool before this instant (a call sent back by its run waits for
     the others sent back with it, so that the first made goes first)."""
+    go: bool = False
+    """Its run decides now (its ``lock_timeout`` ran out, the outage budget passed, its key
+    could not be read): it goes to the pool at the first free slot, whoever holds the lock and
+    whether ZooKeeper answers, and stays held (its broker bound still runs) until then."""
 
     @property
     def next_at(self) -> float:
@@ -102,6 +106,11 @@ class KeyLine:
         """Nothing held and nothing sent: the gate can forget this key."""
         return not self.held and not self.sent
 
+    @property
+    def going(self) -> bool:
+        """A held message goes at the first free slot (:attr:`Held.go`)."""
+        return any(held.go for held in self.held)
+
     def forget_ended(self, running: Container[Any]) -> None:
         """Drop the sent runs whose request is not in ``running`` (their run has ended)."""
         for request in list(self.sent):
@@ -131,21 +140,27 @@ class KeyLine:
             return False
         return not head.waits or may_enter(head.kind, self.queue, self.sent.values())
 
-    def take_due(self, now: float, timeouts: bool = True) -> tuple[list[Held], list[Held]]:
-        """Take the held messages the gate must act on at ``now``: those whose ``lock_timeout``
-        ran out, unless not ``timeouts`` (to the pool, where the run applies
-        ``lock_on_timeout`` at once), and, from
-        the first one whose broker bound came, that one and every one behind it (back to the
-        broker together, in line order, so that none overtakes another of its key)."""
+    def next_ready(self, now: float = float("inf")) -> Held | None:
+        """The held message to send to the pool next at ``now``: the first one that goes
+        (:attr:`Held.go`), else the head if :meth:`head_ready`; None if none may go yet."""
+        going = next((held for held in self.held if held.go), None)
+        if going is not None:
+            return going
+        return self.held[0] if self.head_ready(now) else None
+
+    def take_due(self, now: float, timeouts: bool = True) -> list[Held]:
+        """Act on the held messages due at ``now``: those whose ``lock_timeout`` ran out go
+        (:attr:`Held.go`: the run applies ``lock_on_timeout``), unless not ``timeouts``; from
+        the first one whose broker bound came, that one and every one behind it are taken and
+        returned (back to the broker together, in line order, so that none overtakes another
+        of its key)."""
         back_from = next((i for i, h in enumerate(self.held) if h.bound_at <= now), None)
         to_broker: list[Held] = []
         if back_from is not None:
             while len(self.held) > back_from:
                 to_broker.append(self.held.pop())
             to_broker.reverse()
-        to_pool = [
-            h for h in self.held if timeouts and h.timeout_at is not None and h.timeout_at <= now
-        ]
-        for held in to_pool:
-            self.held.remove(held)
-        return to_pool, to_broker
+        for held in self.held:
+            if timeouts and held.timeout_at is not None and held.timeout_at <= now:
+                held.go = True
+        return to_broker
