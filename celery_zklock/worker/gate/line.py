@@ -143,9 +143,9 @@ class KeyLine:
     def next_ready(self, now: float = float("inf")) -> Held | None:
         """The held message to send to the pool next at ``now``: the first one that goes
         (:attr:`Held.go`), else the head if :meth:`head_ready`; None if none may go yet."""
-        going = next((held for held in self.held if held.go), None)
-        if going is not None:
-            return going
+        for held in self.held:
+            if held.go:
+                return held
         return self.held[0] if self.head_ready(now) else None
 
     def take_due(self, now: float, timeouts: bool = True) -> list[Held]:
