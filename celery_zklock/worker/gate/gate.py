@@ -33,8 +33,9 @@ While the gate's client is disconnected from ZooKeeper, locked calls ride the ou
 ``lock_on_unavailable`` is ``wait`` are held in their key's line, until ZooKeeper answers (then
 each line goes on as before; a call that does not wait when busy goes to the pool at its turn)
 or until the outage budget (``zklock_outage_budget``) has passed since the call met the outage:
-then it goes to the pool, stamped so that its run applies the ``unavailable`` policy. A read that
-fails while connected hands the key's held messages to the pool. When the consumer stops
+then it goes to the pool at the first free slot, stamped so that its run applies the
+``unavailable`` policy. A read that fails while connected hands the key's held messages to the
+pool, as slots free. When the consumer stops
 (warm shutdown, broker connection lost) held messages go back to the broker in order where it
 allows that (Redis), else they are left unacknowledged and the broker hands them out again.
 The gate writes nothing into a task's result: a held call is seen through its
