@@ -375,6 +375,14 @@ def gated_stamp(self: Any, key: str) -> float:
     return time.time()
 
 
+@app.task
+def unlocked_hold(key: str) -> None:
+    """A plain task holding a pool slot until the file ``release-<key>`` exists (2 min at
+    most); records its start in ``plain-<key>``."""
+    _append(DIR / f"plain-{key}", {"start": time.time()})
+    hold_until_released(key, 120.0)
+
+
 @app.task(acks_late=True)
 def unlocked_noop() -> float:
     """Unrelated traffic: returns when it ran (this host's clock)."""

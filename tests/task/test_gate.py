@@ -271,6 +271,43 @@ def test_zookeeper_gone_past_the_outage_budget_hands_held_messages_to_the_pool(
     assert took < 60, took  # not the 100 s lock_timeout
 
 
+def test_a_call_past_the_outage_budget_waits_for_a_free_slot_at_the_gate(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """The every-fault run's loss, on one worker of two slots: ZooKeeper stopped, a locked call
+    held at the gate, both slots then taken by plain tasks. Past its 3 s outage budget the call
+    waits at the gate for a free slot and goes back to the broker at the gate's 5 s bound; it
+    is never sent into the busy pool, where it sat unacknowledged past the broker's bound and
+    Redis handed a copy out (so before the fix: it never went back)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_step, unlocked_hold
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_OUTAGE_BUDGET": "3"}
+    env.update({"ZKLOCK_GATE_MAX_HOLD": "5", "TASKAPP_VISIBILITY_TIMEOUT": "8"})
+    with workers(app, "prefork", 1, env, tmp, prefix="budget") as (worker,):
+        plain = [unlocked_hold.apply_async(("a",), queue=worker.queue)]
+        wait_for(lambda: (tmp / "plain-a").exists(), 30, "the first plain task")
+        server.stop()
+        wait_for(lambda: "ZooKeeper is away" in worker.log_text(), 30, "the gate to see it away")
+        call = gated_step.apply_async(("o", 0, 0.1), queue=worker.queue)
+        wait_for(lambda: _held(app) == 1, 30, "the call held at the gate")
+        plain.append(unlocked_hold.apply_async(("b",), queue=worker.queue))
+        # Within the budget: the second slot is taken before the call may go to the pool.
+        wait_for(lambda: (tmp / "plain-b").exists(), 3, "the second plain task")
+        given_back = f"go back to the broker: {call.id}"
+        wait_for(lambda: given_back in worker.log_text(), 30, "the call to go back")
+        server.start()
+        for key in "ab":
+            (tmp / f"release-{key}").touch()
+        for result in plain:
+            result.get(timeout=60)
+        call.get(timeout=120, propagate=False)
+    assert call.state in ("SUCCESS", "FAILURE"), call.state
+    starts = [r["task_id"] for r in read_records(tmp / "steps-o") if r["at"] == "start"]
+    assert starts.count(call.id) <= 1, starts
+
+
 @pytest.mark.fault
 @pytest.mark.solo
 def test_slots_runs_free_go_to_the_held_calls_at_once(
