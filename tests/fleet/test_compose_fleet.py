@@ -1,7 +1,8 @@
 """The compose fleet, started for real: ``python -m workers fleet`` (what ``make fleet`` runs)
 builds the images from Debian packages, starts 4 worker containers and a 3-node ensemble, injects
 every Docker fault kind twice, and removes the project; a Docker engine it had to start is
-stopped again. Skipped, with the reason, only where no Docker engine can be had."""
+stopped again. Skipped, with the reason, only where no Docker engine can be had. A fleet's
+every-fault run (marked ``acceptance``): ``make test-acceptance`` runs it, alone, in .ci/run."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ FAULT_LINE = re.compile(r"^fault (\w+) at [\d:]+: (NOT RUN: )?", re.MULTILINE)
 TIMES = 2
 
 # One Docker test of a run at a time: tests/conftest.py puts it in XDIST_GROUPS' "docker".
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.acceptance]
 
 
 @pytest.mark.timeout(1800)  # a fresh machine debootstraps the base and installs a JRE first
