@@ -271,6 +271,7 @@ def test_zookeeper_gone_past_the_outage_budget_hands_held_messages_to_the_pool(
     assert took < 60, took  # not the 100 s lock_timeout
 
 
+@pytest.mark.fault  # a ZooKeeper outage and the gate's bound: 30 to 45 s of real time
 def test_a_call_past_the_outage_budget_waits_for_a_free_slot_at_the_gate(
     taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
 ) -> None:
