@@ -25,13 +25,22 @@ LOG = LeaderLog(Path(os.environ.get("TASKAPP_DIR", "/tmp")) / "leader.log")
 CLEANUP = float(os.environ.get("LEADERAPP_CLEANUP", "0"))
 
 
+SESSION_TIMEOUT = float(os.environ.get("ZKLOCK_SESSION_TIMEOUT", "10"))
+
+
 @on_leader(app, "sweeper")
 def sweep(stop: Stop) -> None:
     """Log ``start <pid> <1 if on the main thread, else 0> <fencing token>``, wait for
-    ``stop``, log ``stopped``, take CLEANUP seconds, log ``return``."""
+    ``stop``, log ``stopped``, take CLEANUP seconds, log ``return``. ``unstopped <pid>``: a
+    ``stop.is_set()`` that said False after a look a session timeout earlier (a worker that
+    went a whole session without running, a pause, would go on as the leader)."""
     me = str(os.getpid())
     LOG.write("start", me, int(threading.current_thread() is threading.main_thread()), stop.token)
+    looked = time.monotonic()
     while not stop.is_set():
+        if time.monotonic() - looked > SESSION_TIMEOUT:
+            LOG.write("unstopped", me)
+        looked = time.monotonic()
         stop.wait(0.2)
     LOG.write("stopped", me)
     time.sleep(CLEANUP)

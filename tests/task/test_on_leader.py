@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock.testing.celery_worker import celery_command, stop_all, wait_until_answering
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.worker.leader import LEADERS, Candidate
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import children, wait_for, watches_by_path
@@ -130,6 +133,33 @@ def test_on_leader_runs_in_one_worker_and_moves_on_kill_and_on_warm_shutdown(
     )
     with capsys.disabled():
         print(f"\n{summary}")
+
+
+def test_a_leader_paused_past_its_session_sees_stop_set_the_moment_it_runs_again(
+    fleet: Fleet, zk_client: KazooClient, zk_hosts: str
+) -> None:
+    """docs/leader.md: "a worker paused past its session (a stall, SIGSTOP) sees ``stop`` set
+    the moment it runs again". The leading worker's main process is SIGSTOPped until the other
+    worker has started the function (its session expired meanwhile), then resumed: its
+    function's first look at ``stop`` finds it set (no ``unstopped`` line: the renewer's later
+    verdict would come too late), it logs ``stopped``, and the other goes on leading."""
+    log = LeaderLog(fleet.tmp / "leader.log")
+    fleet.start("w0")
+    fleet.start("w1")
+    await_standby(zk_client, zk_hosts, 2)
+    first = log.wait(line_of("start"), "the function to start")
+    leader = fleet.by_pid(int(first.who))
+    other = next(worker for worker in fleet.workers if worker is not leader)
+    pause_process(leader.pid)
+    try:
+        second = log.wait(line_of("start", str(other.pid)), "the other to lead", first.index)
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+    log.wait(line_of("stopped", first.who), "the resumed leader to see stop set", second.index)
+    after = [(line.kind, line.who) for line in log.lines()[first.index :]]
+    assert ("unstopped", first.who) not in after, after
+    assert (second.token or 0) > (first.token or 0), (first, second)
+    assert ("stopped", str(other.pid)) not in after, after  # the new leader leads on
 
 
 def test_a_function_that_returns_while_leading_hands_the_leadership_over(
