@@ -112,3 +112,40 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
     starts = [r for r in steps if r["at"] == "start"]
     assert len(starts) == 2 and steps[-1]["at"] == "end", steps  # interrupted, then run again
     assert starts[1]["token"] > starts[0]["token"]
+
+
+def test_a_run_in_the_pool_that_meets_the_outage_is_sent_back_not_retried_and_runs_once(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """docs/concepts.md: "a run already in the pool that finds ZooKeeper unreachable sends its
+    message back under the same task id (not a retry) and ends without a state". With the gate
+    off, a ``wait`` call waits in its pool slot behind a holder; ZooKeeper is stopped: the
+    run's wait ends, it is sent back (the ``sent-back`` event), and while ZooKeeper is away the
+    call has no final state and is never retried. Once ZooKeeper is back it runs once, SUCCESS,
+    beside nobody."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_GATE": "false"}
+    # prefork: the holder's body is interrupted when its lease is lost (a thread's blocking
+    # sleep is not, and its node would stay as long as the body runs, the session kept).
+    with workers(app, "prefork", 1, env, tmp, prefix="sentback") as (worker,):
+        holder = gated_section.apply_async(("sb", 300.0), queue=worker.queue)
+        wait_for(lambda: _enters(tmp / "witness-sb")[holder.id] == 1, 30, "the holder to hold")
+        waiter = gated_section.apply_async(("sb", 0.1), queue=worker.queue)
+        wait_for(lambda: f"event=busy task_id={waiter.id}" in worker.log_text(), 30, "the wait")
+        server.kill()
+        sent_back = f"event=sent-back task_id={waiter.id}"
+        wait_for(lambda: sent_back in worker.log_text(), 6 * SESSION_TIMEOUT, "the send-back")
+        assert waiter.state not in ("SUCCESS", "FAILURE", "RETRY"), waiter.state
+        server.restart()
+        assert "token" in waiter.get(timeout=120)
+        with pytest.raises(Exception):  # noqa: B017  (LockLost: the holder lost its lease)
+            holder.get(timeout=60)
+        log = worker.log_text()
+    assert not [line for line in log.splitlines() if f"[{waiter.id}] retry" in line]
+    assert _enters(tmp / "witness-sb")[waiter.id] == 1
+    assert not check_witness(tmp / "witness-sb").overlaps
+    done = [r["task_id"] for r in read_records(tmp / "gated-done-sb")]
+    assert done.count(waiter.id) == 1, done
