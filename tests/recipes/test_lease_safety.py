@@ -20,7 +20,9 @@ Scenarios:
   renewer is lingering idle when the trial's lease is granted (a worker between two tasks);
 * d. 3-member ensemble (tick 1 s, syncLimit 5), T = 2 s, the holder connected only to a
   follower, the waiter to the leader; the follower is cut off from the other members while
-  the holder-follower link stays up.
+  the holder-follower link stays up;
+* f. as a, on a ``Semaphore`` of 2 leases: the holder takes one, a companion on the waiter's
+  client the other, and the waiter queues for a lease (docs/semaphore.md: never more than N).
 
 Black-hole trials run concurrently, each cutting at a random moment after its acquire; in d,
 rounds of a few holders share one cut, made at a random moment, with holders started at random
@@ -43,7 +45,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from celery_zklock import Lease, Mutex
+from celery_zklock import Lease, Mutex, Semaphore
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.proxy import TcpProxy
 from celery_zklock.testing.zookeeper import ZooKeeperEnsemble, partition_unavailable_reason
@@ -148,9 +150,11 @@ class Trial:
         holder_timeout: float,
         traffic_every: float | None = None,
         warm: bool = False,
+        permits: int | None = None,
     ) -> None:
         self.outcome = Outcome(index)
         self.warm = warm
+        self.permits = permits  # None: a Mutex; else a Semaphore of that many leases
         self.path = f"{LOCK_PARENT}/trial-{index}-{random.getrandbits(32):08x}"
         self.holder_hosts = holder_hosts
         self.waiter_hosts = waiter_hosts
@@ -164,6 +168,11 @@ class Trial:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
+    def _lock(self, client: KazooClient) -> Mutex:
+        if self.permits is None:
+            return Mutex(client, self.path)
+        return Semaphore(client, self.path, max_leases=self.permits)
+
     def _on_lost(self, *_reason: object) -> None:
         if self.outcome.lost_at is None:
             self.outcome.lost_at = time.monotonic()
@@ -173,17 +182,20 @@ class Trial:
         self.holder = _start_client(self.holder_hosts, self.holder_timeout)
         if self.warm:  # the renewer, started by this lease, lingers after its release
             Mutex(self.holder, f"{self.path}-before").acquire(timeout=SETUP_BOUND).release()
-        self.lease = Mutex(self.holder, self.path).acquire(timeout=SETUP_BOUND)
+        self.lease = self._lock(self.holder).acquire(timeout=SETUP_BOUND)
         self.lease.on_lost(self._on_lost)
         self.waiter = _start_client(self.waiter_hosts, 10.0)
         waiter = self.waiter
+        for _ in range((self.permits or 1) - 1):  # the other leases, held until the close
+            self._lock(waiter).acquire(timeout=SETUP_BOUND)
+        queued = (self.permits or 1) + 1
         waiting = threading.Thread(
             target=self._wait_for_grant, args=(waiter,), name="waiter", daemon=True
         )
         waiting.start()
         self._threads.append(waiting)
         deadline = time.monotonic() + SETUP_BOUND
-        while len(waiter.get_children(self.path)) < 2:
+        while len(waiter.get_children(self.path)) < queued:
             if time.monotonic() >= deadline or self._granted.is_set():
                 raise AssertionError(
                     f"trial {self.outcome.index}: the waiter did not queue behind the holder"
@@ -197,7 +209,7 @@ class Trial:
 
     def _wait_for_grant(self, client: KazooClient) -> None:
         try:
-            Mutex(client, self.path).acquire(timeout=SETUP_BOUND + 2 * EVENT_BOUND)
+            self._lock(client).acquire(timeout=SETUP_BOUND + 2 * EVENT_BOUND)
         except Exception as exc:  # reported as the trial's error
             if not self._stop.is_set():
                 self.outcome.error = f"the waiter's acquire failed: {exc!r}"
@@ -328,6 +340,7 @@ def _blackhole_scenario(
     traffic_every: float | None = None,
     max_session_timeout_ms: int = 60_000,
     warm: bool = False,
+    permits: int | None = None,
 ) -> None:
     """Trials whose holder reaches a standalone server through a proxy that turns silent.
 
@@ -340,7 +353,7 @@ def _blackhole_scenario(
         count = min(TRIALS - valid(outcomes), MAX_TRIALS - first)
         outcomes += _blackhole_round(
             name, server, range(first, first + count), requested_timeout, session_timeout,
-            traffic_every, warm,
+            traffic_every, warm, permits,
         )  # fmt: skip
     _report(name, outcomes, capsys)
 
@@ -353,6 +366,7 @@ def _blackhole_round(
     session_timeout: float,
     traffic_every: float | None,
     warm: bool,
+    permits: int | None = None,
 ) -> list[Outcome]:
     """One round of concurrent black-hole trials; their outcomes."""
     proxies = {index: TcpProxy("127.0.0.1", server.port).start() for index in indices}
@@ -364,6 +378,7 @@ def _blackhole_round(
             holder_timeout=requested_timeout,
             traffic_every=traffic_every,
             warm=warm,
+            permits=permits,
         )
         for index, proxy in proxies.items()
     ]
@@ -407,6 +422,18 @@ def test_e_holder_granted_while_its_renewer_lingers_idle(
     _blackhole_scenario(
         "e-warm", zk_stack_factory, capsys, requested_timeout=4.0, session_timeout=4.0, warm=True
     )
+
+
+@pytest.mark.slow
+def test_f_semaphore_holder_behind_black_hole(
+    zk_stack_factory: StackFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """f: as a, one of a Semaphore's 2 leases cut off: the waiter for a lease is granted only
+    after that holder was told (never 3 holders of 2 leases)."""
+    _blackhole_scenario(
+        "f-semaphore", zk_stack_factory, capsys, requested_timeout=4.0, session_timeout=4.0,
+        permits=2,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
