@@ -4,8 +4,9 @@ When a lease is lost another worker may take the lock at any moment, so the body
 depends on where the body runs:
 
 - **prefork and solo** (the process's main thread): a signal (``SIGUSR2`` by default; see
-  :func:`interrupt_signal`) is sent to our own process; its handler raises :class:`LockLost` in
-  the main thread, as billiard does for soft time limits. The handler is installed when the
+  :func:`interrupt_signal`) is sent to our own process's main thread (which ends a blocking
+  call such as a sleep); its handler raises :class:`LockLost` there, as billiard does for soft
+  time limits. The handler is installed when the
   outermost locked run starts (billiard resets handlers after ``worker_process_init``) and the
   previous one is restored when it ends.
 - **threads** (a worker thread): ``PyThreadState_SetAsyncExc`` raises :class:`LockLost` in the
@@ -176,8 +177,9 @@ class _MainThreadSignal(Interruption):
     _stood_down: set[int] = set()
     _previous: Any = None
     _signum: int | None = None
+    _sent = False  # a signal went to the main thread since the handler was installed
     # Held by the lease clock's thread from its look at _armed through its kill, and by the
-    # main thread to put the previous handler back: a signal sent after that would meet the
+    # main thread to put the previous handler back: a signal taken after that would meet the
     # previous handler (in a pool process the default one, which ends the process).
     _kill_lock = threading.Lock()
 
@@ -209,9 +211,12 @@ class _MainThreadSignal(Interruption):
         with cls._kill_lock:
             if self.token in cls._armed and self.token not in cls._stood_down and cls._signum:
                 cls._pending[self.token] = reason
-                # Delivered to this thread before kill returns (POSIX, a signal a process sends
-                # itself), so our handler gets it; it raises only for a run still armed.
-                os.kill(os.getpid(), cls._signum)
+                # To the main thread itself: a signal to the process goes to whichever thread
+                # the kernel picks, this one when the main thread has a signal of its own
+                # pending (a SIGCONT after a pause), and a main thread blocked in a call
+                # (time.sleep, a socket read) then runs on until that call returns.
+                cls._sent = True
+                signal.pthread_kill(threading.main_thread().ident or 0, cls._signum)
 
     def _stand_down(self) -> None:
         cls = _MainThreadSignal
@@ -239,6 +244,11 @@ class _MainThreadSignal(Interruption):
             return
         if not armed and cls._signum is not None:
             with cls._kill_lock:
+                if cls._sent:
+                    # A signal sent to this thread may still be pending: any system call takes
+                    # it on its return, with our handler (which raises nothing now).
+                    signal.pthread_sigmask(signal.SIG_BLOCK, ())
+                    cls._sent = False
                 _set_handler(cls._signum, cls._previous)
                 cls._previous = cls._signum = None
 

@@ -6,6 +6,8 @@ version that wrote no generation."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -15,9 +17,10 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
-from celery_zklock import LockLost, Mutex, Preempted, is_skipped
+from celery_zklock import LockLost, LockTimeout, Mutex, Preempted, is_skipped
 from celery_zklock.errors import LossCode
 from celery_zklock.locks.identity import parse_identity
+from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.witness import check_witness
 from tests.lockutil import children, wait_for
 from tests.workerproc import workers
@@ -54,6 +57,40 @@ def test_a_newer_call_ends_the_holder_first(taskenv: tuple[Celery, dict[str, str
     report = check_witness(tmp / "witness-pk")
     assert report.sections == 2 and report.overlaps == [], report
     assert token > 0
+
+
+def test_a_paused_holder_is_waited_for_up_to_lock_timeout_and_never_overlapped(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """docs/multilock-and-preempt.md: "a holder that does not answer (a paused process) is
+    waited for up to ``lock_timeout``, then ``lock_on_timeout`` applies", and "the two bodies
+    never overlap". The holder's pool process is SIGSTOPped; a newer ``preempt`` call with a
+    2 s ``lock_timeout`` (half the session timeout) ends LockTimeout without entering; the
+    holder, resumed, ends LockLost (the break, or its lease clock that ran out meanwhile),
+    alone in its section."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    path = gated_section.lock_path("pp")
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        older = gated_section.apply_async(("pp", 30.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "witness-pp").exists(), 30, "the older body to start")
+        (node,) = children(zk_client, path)
+        pid = parse_identity(zk_client.get(f"{path}/{node}")[0]).pid
+        assert pid is not None and pid != worker.pid
+        pause_process(pid)
+        try:
+            newer = gated_section.apply_async(
+                ("pp", 0.2), queue=worker.queue, zklock={"on_busy": "preempt", "timeout": 2}
+            )
+            with pytest.raises(LockTimeout):
+                newer.get(timeout=30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with pytest.raises(LockLost):  # broken, or its lease clock ran out during the pause
+            older.get(timeout=60)
+    report = check_witness(tmp / "witness-pp")
+    assert report.sections == 1 and report.overlaps == [], report
 
 
 def starts(tmp: Path, key: str) -> list[tuple[str, int]]:

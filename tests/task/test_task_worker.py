@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,11 @@ from celery import Celery
 from kazoo.client import KazooClient
 
 from celery_zklock import LockLost, is_skipped
+from celery_zklock.locks.identity import parse_identity
 from celery_zklock.testing.processes import pause_process
 from celery_zklock.testing.witness import check_witness
 from tests.conftest import SESSION_TIMEOUT, Broker
-from tests.lockutil import expire_session_id, wait_for
+from tests.lockutil import children, expire_session_id, wait_for
 from tests.taskapp import read_records
 from tests.workerproc import held_session, workers
 
@@ -150,3 +152,37 @@ def test_prefork_child_paused_past_session_timeout_ends_lock_lost(
         assert delay < REVOCATION_BOUND
         again = long_hold.apply_async(("pk2", 0.1), queue=first.queue)
         assert again.get(timeout=30) == "finished"
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_a_prefork_child_paused_past_its_lease_is_interrupted_in_a_blocking_call(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient, round_: int
+) -> None:
+    """The body sleeps in one blocking call (``time.sleep(60)``); its pool process is
+    SIGSTOPped for 0.65 of the session timeout (past its lease's validity, not its session),
+    then resumed: the lease counts as lost and the body is interrupted at once, ending LockLost
+    a moment after SIGCONT, not after its sleep. Before the fix the interruption was a signal
+    to the process, which the kernel gave to the thread that sent it while the main thread
+    still had the continue pending: the main thread slept on, its lease lost, for about 55 s
+    (1 or 2 rounds of 3 here)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    key = f"pb{round_}"
+    path = gated_section.lock_path(key)
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        victim = gated_section.apply_async((key, 60.0), queue=worker.queue)
+        wait_for(lambda: (tmp / f"witness-{key}").exists(), 30, "the body to start")
+        (node,) = children(zk_client, path)
+        pid = parse_identity(zk_client.get(f"{path}/{node}")[0]).pid
+        assert pid is not None and pid != worker.pid
+        pause_process(pid)
+        try:
+            time.sleep(0.65 * SESSION_TIMEOUT)  # the pause itself: nothing to wait for
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            resumed = time.monotonic()
+        with pytest.raises(LockLost):
+            victim.get(timeout=90, propagate=True)
+        ended = time.monotonic() - resumed
+    assert ended < 10, f"the body ran on {ended:.1f} s after SIGCONT, its lease lost"

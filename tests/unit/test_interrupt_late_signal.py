@@ -2,8 +2,9 @@
 
 The lease clock's thread looks whether the run is armed, then sends the signal; the main thread,
 its body done, disarms and puts the previous handler back (in a pool process the default one,
-which ends the process). The kill and the handler's restoration share a lock, so a kill that
-looked before the disarm is delivered before the restoration. Forced here: the clock's kill is
+which ends the process). The kill and the handler's restoration share a lock, and the main
+thread takes a signal still pending for it before the restoration, so a kill that looked before
+the disarm is delivered with our handler. Forced here: the clock's kill is
 held until the main thread is about to restore. In a child process, as the failure ends the
 process.
 """
@@ -16,18 +17,18 @@ import textwrap
 
 SCENARIO = textwrap.dedent(
     """
-    import os, signal, threading, types
+    import signal, threading
     import celery_zklock.task.interrupt as interrupt
     from celery_zklock.task.interrupt import _MainThreadSignal
 
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # what a pool process or solo worker has
     at_kill, restoring = threading.Event(), threading.Event()
-    real_kill = os.kill
+    real_kill = signal.pthread_kill  # to the main thread (os.kill to the process before)
 
-    def held_kill(pid, signum):
+    def held_kill(thread_id, signum):
         at_kill.set()  # the clock thread looked: the run was armed
         restoring.wait(5)  # held until the main thread is about to restore the handler
-        real_kill(pid, signum)
+        real_kill(thread_id, signum)
 
     class Lock:
         # The real lock; the main thread's entering (the restoration) releases the held kill.
@@ -43,9 +44,7 @@ SCENARIO = textwrap.dedent(
     lock = getattr(_MainThreadSignal, "_kill_lock", None)  # none before the fix
     if lock is not None:
         _MainThreadSignal._kill_lock = Lock(lock)
-    interrupt.os = types.SimpleNamespace(
-        kill=held_kill, getpid=os.getpid, environ=os.environ, fsencode=os.fsencode
-    )
+    signal.pthread_kill = held_kill
     run = interrupt.arm()
     assert run.strategy == "signal", run.strategy
     clock = threading.Thread(target=run.fire, args=("lease lost",))
