@@ -752,6 +752,11 @@ RECEIPT_FIELD: Final = "zklock_receipt"
 (``time.time()``, before any ETA wait): the gate's broker bound counts from there."""
 
 
+BEHIND_ITSELF_FIELD: Final = "zklock_behind_itself"
+"""The request field in which the worker's gate notes that it held the call behind a run of the
+same task id (a resend, or a copy, of a call still running then): its run looks whether that
+call ended before running the body (see :mod:`celery_zklock.task.delivery`)."""
+
 PATHS_JOINED_BY: Final = " + "
 """How a call's several lock paths read as one path, in messages and the gate's lines."""
 

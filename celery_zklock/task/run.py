@@ -46,6 +46,7 @@ from celery_zklock.task.generation import is_newer, of_request
 from celery_zklock.task.interrupt import STOPPING, Interruption, arm
 from celery_zklock.task.metrics import count_outcome, count_rate
 from celery_zklock.task.options import (
+    BEHIND_ITSELF_FIELD,
     PATHS_JOINED_BY,
     RECEIPT_FIELD,
     LockOptions,
@@ -277,8 +278,11 @@ class LockedRun:
         task, request = self.task, self.request
         identity = node_identity(task, request, self.generation)
         retries = request.retries or 0
-        # A message handed out again may be a copy of a run that already finished.
-        settled = not (request.delivery_info or {}).get("redelivered")
+        # A message handed out again, or held at a gate behind a run of its own task id (a
+        # resend), may be a copy of a run that already finished.
+        settled = not (request.delivery_info or {}).get("redelivered") and not getattr(
+            request, BEHIND_ITSELF_FIELD, False
+        )
         looks = 0
         while True:
             self.lease = side.acquire(blocking=False, data=identity)

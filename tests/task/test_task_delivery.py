@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
@@ -129,3 +130,36 @@ def test_copy_of_a_killed_child_runs_under_a_session_timeout_raised_by_the_serve
     waits = re.findall(r"event=same-delivery-waits .*grace=([0-9.]+)", log)
     assert waits and float(waits[0]) >= 1.5 * 8 + 1
     assert "event=duplicate-ignored" not in log
+
+
+@pytest.mark.parametrize("where", ["same-worker", "other-worker"])
+def test_a_resend_under_the_same_task_id_held_at_the_gate_behind_its_run_is_ignored(
+    taskenv: TaskEnv, where: str
+) -> None:
+    """docs/brokers.md: send a lost task again under the same task id; "a locked task's copy
+    that meets a run of the same id still going is ignored, so a resend too many does not run
+    twice". With the gate (the default) the resend is held behind its own call's run, on that
+    worker or another, and goes to the pool once that run released the lock, a moment before
+    its result is stored: it must be ignored, not run the body again. Before the fix the gate's
+    resend took the free lock and ran a second time (the check was the pool run's, which with
+    the gate never meets the original's node)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import acked_late
+
+    with workers(app, "prefork", 2, env, tmp, prefix="resend") as fleet:
+        first, second = fleet
+        other = first if where == "same-worker" else second
+        original = acked_late.apply_async(("rs", 2.0), queue=first.queue)
+        wait_for(lambda: read_records(tmp / "starts-rs"), 30, "the original to hold the lock")
+        wait = {"on_busy": "wait", "timeout": 60}
+        acked_late.apply_async(("rs", 2.0), queue=other.queue, task_id=original.id, zklock=wait)
+        assert original.get(timeout=60)["token"] > 0
+        wait_for(
+            lambda: all(deliveries(w, original.id)[0] == deliveries(w, original.id)[1] >= 1
+                        for w in {first, other}),
+            60, "both deliveries to end",
+        )  # fmt: skip
+        log = other.log_text()
+    starts = [s["task_id"] for s in read_records(tmp / "starts-rs")]
+    assert starts == [original.id], starts  # the body ran once
+    assert f"event=duplicate-ignored task_id={original.id}" in log, log[-3000:]

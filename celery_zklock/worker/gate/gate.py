@@ -64,6 +64,7 @@ from celery_zklock.locks.identity import parse_identity
 from celery_zklock.task import sendback, visibility
 from celery_zklock.task.metrics import count_held
 from celery_zklock.task.options import (
+    BEHIND_ITSELF_FIELD,
     CALL_OPTION,
     PATHS_FIELD,
     RECEIPT_FIELD,
@@ -282,6 +283,7 @@ class Gate:
         self.held += 1
         count_held(request.name, 1)
         if line.holder is not None:
+            line.note_copies((held,))
             self._tell_held(line, held)
         if go:
             self._want_slot(line)
@@ -344,6 +346,8 @@ class Gate:
         if was_held:
             self._release_hold(held)
         request.request_dict[RECEIVED_OPTION] = [held.due, request.request_dict.get("retries", 0)]
+        if held.behind_itself:
+            request.request_dict[BEHIND_ITSELF_FIELD] = True
         line.sent[request] = held.kind
         return self._handle(request)
 
@@ -414,7 +418,10 @@ class Gate:
             data, _ = result.get_nowait()
         except Exception:
             data = None  # gone already, or ZooKeeper failed: the holder stays unnamed
-        line.holder, line.named = parse_identity(data).task_id or "", node
+        identity = parse_identity(data)
+        line.holder, line.named = identity.task_id or "", node
+        line.holder_retries = identity.retries
+        line.note_copies(line.held)
         for held in line.held:
             if not held.told:
                 self._tell_held(line, held)

@@ -14,7 +14,7 @@ waits in a pool slot only when another worker's run took the lock first.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,10 @@ class Held:
     not_before: float = 0.0
     """It may not go to the pool before this instant (a call sent back by its run waits for
     the others sent back with it, so that the first made goes first)."""
+    behind_itself: bool = False
+    """It was held behind a run of its own task id, of an attempt not before its own (its
+    original, a resend's, or another copy): its run looks whether that call ended before it
+    runs the body (:attr:`KeyLine.holder`)."""
     go: bool = False
     """Its run decides now (its ``lock_timeout`` ran out, the outage budget passed, its key
     could not be read): it goes to the pool at the first free slot, whoever holds the lock and
@@ -91,6 +95,8 @@ class KeyLine:
     """That node's task id ("" when it is not a task run's), once read."""
     named: str | None = None
     """The node ``holder`` was read from."""
+    holder_retries: int = 0
+    """The attempt of that node's run (its identity's retries)."""
 
     def add(self, held: Held) -> None:
         """Put ``held`` in the line by when it reached a gate first: behind every message due
@@ -100,6 +106,16 @@ class KeyLine:
             return
         at = next(i for i, other in enumerate(self.held) if other.due > held.due)
         self.held.insert(at, held)
+
+    def note_copies(self, held: Iterable[Held]) -> None:
+        """Mark each of ``held`` that waits behind a run of its own call, as named
+        (:attr:`Held.behind_itself`)."""
+        for one in held:
+            request = one.request
+            if request.id == self.holder and self.holder_retries >= (
+                request.request_dict.get("retries") or 0
+            ):
+                one.behind_itself = True
 
     @property
     def idle(self) -> bool:
