@@ -13,6 +13,7 @@ from celery import Celery
 
 from celery_zklock import ZkLockTask, ZooKeeperUnavailable, is_skipped, signals
 from celery_zklock.testing.plugin import StackFactory
+from celery_zklock.worker.gate.step import held_messages
 from tests.lockutil import task_client, wait_for
 from tests.workerproc import held_session, workers
 
@@ -138,3 +139,58 @@ def test_in_a_worker_a_long_wait_gives_up_on_a_dead_zookeeper(
     assert type(failure.value).__name__ == "ZooKeeperUnavailable"
     assert waiter.state == "FAILURE"
     assert len(retries) == 3, retries  # Celery's max_retries (3), each with the reason
+
+
+@pytest.mark.parametrize("gate", ["on", "off"])
+def test_in_a_worker_raise_on_unavailable_fails_at_once_without_a_retry(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory, gate: str
+) -> None:
+    """docs/concepts.md: ``lock_on_unavailable="raise"`` fails the call at once. ZooKeeper is
+    killed; a call with that policy, at a gate or (gate off) straight in the pool, ends FAILURE
+    ZooKeeperUnavailable, neither held until ZooKeeper answers nor retried, and its body never
+    runs."""
+    app, env, tmp = taskenv
+    from tests.taskapp import needs_zk
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts, "ZKLOCK_GATE": "true" if gate == "on" else "false"}
+    with workers(app, "prefork", 1, env, tmp, prefix=f"raise-{gate}") as (worker,):
+        assert needs_zk.apply_async(("ur",), queue=worker.queue).get(timeout=30) == "ran"
+        server.kill()
+        if gate == "on":
+            wait_for(lambda: "ZooKeeper is away" in worker.log_text(), 30, "the gate to see it")
+        call = needs_zk.apply_async(("ur",), queue=worker.queue, zklock={"on_unavailable": "raise"})
+        with pytest.raises(ZooKeeperUnavailable):
+            call.get(timeout=60)
+        log = worker.log_text()
+        server.restart()
+    assert call.state == "FAILURE"
+    assert not [line for line in log.splitlines() if f"[{call.id}] retry" in line]
+    assert log.count(f"[{call.id}] received") == 1  # not sent back to ride the outage out
+
+
+def test_a_held_call_that_raises_on_unavailable_leaves_the_gate_when_zookeeper_goes(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_stack_factory: StackFactory
+) -> None:
+    """A ``wait`` call with ``lock_on_unavailable="raise"`` held at the gate behind a holder
+    when ZooKeeper is killed goes to the pool and fails ZooKeeperUnavailable at once, instead
+    of riding the outage out at the gate (the budget is 600 s)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    server = zk_stack_factory.server()
+    env = {**env, "ZKLOCK_HOSTS": server.hosts}
+    with workers(app, "prefork", 1, env, tmp, prefix="raise-held") as (worker,):
+        holder = gated_section.apply_async(("uh", 60.0), queue=worker.queue)
+        wait_for(lambda: (tmp / "witness-uh").exists(), 30, "the holder's body")
+        call = gated_section.apply_async(
+            ("uh", 0.1), queue=worker.queue, zklock={"on_unavailable": "raise"}
+        )
+        held = lambda: sum(h.count for h in held_messages(app, timeout=1.0))  # noqa: E731
+        wait_for(lambda: held() == 1, 30, "the call held at the gate")
+        server.kill()
+        with pytest.raises(ZooKeeperUnavailable):
+            call.get(timeout=60)
+        server.restart()
+        holder.get(timeout=60, propagate=False)
+    assert call.state == "FAILURE"

@@ -226,11 +226,14 @@ class Gate:
         path, kind, timeout = call.path, call.kind, call.options.timeout
         now = time.time()
         away_since = self._away_since
-        go = False  # past the outage budget, its run applies `unavailable`: at a free slot
+        rides_out = call.options.on_unavailable == "wait"
+        go = False  # past the outage budget, or not riding it out: the run applies `unavailable`
         if away_since is not None:
             since = _outage_since(request, away_since)
-            if now - since >= self.config.outage_budget:
-                _stamped(request, since)
+            past_budget = now - since >= self.config.outage_budget
+            if past_budget or not rides_out:
+                if past_budget:
+                    _stamped(request, since)
                 if self._pool_free() + 1 > 0:  # this request is counted as in the pool already
                     return self._handle(request)
                 go = True
@@ -245,7 +248,7 @@ class Gate:
         first = sendback.first_due(request)  # sent back by a run: its place is its first one's
         due = due if first is None else min(due, first)
         held = Held(request, kind, due, bound_at=received + self.config.max_hold)
-        held.waits, held.go = waits, go
+        held.waits, held.go, held.rides_out = waits, go, rides_out
         if first is not None:
             held.not_before = now + SENT_BACK_SETTLE
         if timeout is not None and waits:
@@ -453,11 +456,15 @@ class Gate:
                 for held in [h for h in line.held if _revoked(h.request)]:
                     line.held.remove(held)
                     self._release_hold(held)
-            if away_since is not None:  # held past the outage budget: goes (`unavailable`)
+            if away_since is not None:  # past the outage budget, or not riding it out: goes
                 for held in line.held:
+                    if held.go:
+                        continue
                     since = _outage_since(held.request, away_since)
-                    if not held.go and now - since >= self.config.outage_budget:
+                    if now - since >= self.config.outage_budget:
                         _stamped(held.request, since)
+                        held.go = True
+                    elif not held.rides_out:
                         held.go = True
             # While ZooKeeper is away no lock_timeout runs out (it is never taken for a busy lock).
             to_broker = line.take_due(now, timeouts=away_since is None)
@@ -606,10 +613,11 @@ class Gate:
             line.queue, line.watched, line.read_again = None, False, line.reading
         if self._away_since is None:
             self._away_since = time.time()
-            self._next_due = min(self._next_due, self._away_since + self.config.outage_budget)
+            self._next_due = self._away_since  # held calls that do not ride it out go now
             logger.warning(
                 "celery-zklock gate: ZooKeeper is away; locked calls wait here for it up to "
-                "%.0fs (zklock_outage_budget), then apply lock_on_unavailable",
+                "%.0fs (zklock_outage_budget), then apply lock_on_unavailable (at once for "
+                "those whose lock_on_unavailable is not 'wait')",
                 self.config.outage_budget,
             )
 

@@ -41,6 +41,10 @@ class Held:
     raised_prefetch: bool = False
     told: bool = False
     waits: bool = True
+    rides_out: bool = True
+    """Its call rides a ZooKeeper outage out here (``lock_on_unavailable="wait"``); else, while
+    ZooKeeper is away, it goes to the pool at the first free slot, where its run applies its
+    policy (``retry``, ``raise``) at once."""
     not_before: float = 0.0
     """It may not go to the pool before this instant (a call sent back by its run waits for
     the others sent back with it, so that the first made goes first)."""
