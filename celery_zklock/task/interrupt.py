@@ -6,9 +6,8 @@ depends on where the body runs:
 - **prefork and solo** (the process's main thread): a signal (``SIGUSR2`` by default; see
   :func:`interrupt_signal`) is sent to our own process's main thread (which ends a blocking
   call such as a sleep); its handler raises :class:`LockLost` there, as billiard does for soft
-  time limits. The handler is installed when the
-  outermost locked run starts (billiard resets handlers after ``worker_process_init``) and the
-  previous one is restored when it ends.
+  time limits. The handler is installed when the outermost locked run starts (billiard resets
+  handlers after ``worker_process_init``) and the previous one is restored when it ends.
 - **threads** (a worker thread): ``PyThreadState_SetAsyncExc`` raises :class:`LockLost` in the
   task's thread at its next Python bytecode. It cannot interrupt a blocking C call; the body
   should call ``self.lock.check()`` at safe points, and the release reports the loss regardless.
