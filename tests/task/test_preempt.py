@@ -69,18 +69,20 @@ def test_a_paused_holder_is_waited_for_up_to_lock_timeout_and_never_overlapped(
     holder, resumed, ends LockLost (the break, or its lease clock that ran out meanwhile),
     alone in its section."""
     app, env, tmp = taskenv
-    from tests.taskapp import gated_section
+    # Not acks_late: stopped right after the loss, the worker could requeue the message of a run
+    # whose end its main process had not yet seen (reject_on_worker_lost), for a later test.
+    from tests.taskapp import exclusive_section
 
-    path = gated_section.lock_path("pp")
+    path = exclusive_section.lock_path("pp")
     with workers(app, "prefork", 1, env, tmp) as (worker,):
-        older = gated_section.apply_async(("pp", 30.0), queue=worker.queue)
+        older = exclusive_section.apply_async(("pp", 30.0), queue=worker.queue)
         wait_for(lambda: (tmp / "witness-pp").exists(), 30, "the older body to start")
         (node,) = children(zk_client, path)
         pid = parse_identity(zk_client.get(f"{path}/{node}")[0]).pid
         assert pid is not None and pid != worker.pid
         pause_process(pid)
         try:
-            newer = gated_section.apply_async(
+            newer = exclusive_section.apply_async(
                 ("pp", 0.2), queue=worker.queue, zklock={"on_busy": "preempt", "timeout": 2}
             )
             with pytest.raises(LockTimeout):
