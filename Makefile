@@ -32,7 +32,7 @@ test-solo: system-deps $(STAMP)
 # The fleets' every-fault runs, one at a time: over an ensemble with ETA calls, a 6 s visibility
 # timeout and the rate and completed-twice checks, debounced and replace calls in the mix (the
 # acceptance run of issues 42, 44 and 45), and the compose fleet under every Docker fault (in
-# make test until 2026-11-29). .ci/run runs it too (about 9 minutes): after the fixes of
+# make test until 2026-11-29). .ci/run runs it too (about 6 minutes): after the fixes of
 # 2026-11-28 (5ad4d44, 68c4f6d) its next 5 runs here gave four zeros, the broker's own drops
 # apart (kombu's Redis transport, counted and bounded).
 test-acceptance: system-deps $(STAMP)

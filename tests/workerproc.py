@@ -95,3 +95,10 @@ def held_session(tmp: Path, task_id: str) -> dict[str, Any]:
     record_file = tmp / f"session-{task_id}"
     wait_for(record_file.exists, 30, "the task to hold its lock")
     return json.loads(record_file.read_text())  # type: ignore[no-any-return]
+
+
+def held_at_gates(app: Celery) -> int:
+    """Messages held at every worker's gate (the workers' own count, asked by broadcast)."""
+    from celery_zklock.worker.gate.step import held_messages
+
+    return sum(held.count for held in held_messages(app, timeout=1.0))

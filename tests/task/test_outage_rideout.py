@@ -17,11 +17,10 @@ from celery import Celery
 
 from celery_zklock.testing.plugin import StackFactory
 from celery_zklock.testing.witness import check_witness
-from celery_zklock.worker.gate.step import held_messages
 from tests.conftest import SESSION_TIMEOUT
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
-from tests.workerproc import workers
+from tests.workerproc import held_at_gates, workers
 
 pytestmark = pytest.mark.fault  # a minute of real time: make test-faults
 
@@ -29,11 +28,6 @@ OUTAGE = max(5 * SESSION_TIMEOUT, 20.0) + 4.0
 """Seconds ZooKeeper stays down: past five session timeouts and 20 s."""
 PLAIN_EVERY = 0.25
 """Seconds between plain tasks sent during the outage."""
-
-
-def _held(app: Celery) -> int:
-    """Messages held at every worker's gate."""
-    return sum(held.count for held in held_messages(app, timeout=1.0))
 
 
 def _enters(path: Path) -> Counter[str]:
@@ -62,7 +56,7 @@ def test_locked_calls_ride_a_zookeeper_outage_out(
         # Its lock_timeout (10 s) passes during the outage: the time ZooKeeper was away does
         # not count (a 90 s drill ended such calls LockTimeout at the return).
         waiting.append(gated_section.apply_async(("o", 0.2), queue="q0", zklock={"timeout": 10}))
-        wait_for(lambda: _held(app) == 4, 30, "the gates to hold the waiting calls")
+        wait_for(lambda: held_at_gates(app) == 4, 30, "the gates to hold the waiting calls")
 
         server.kill()
         died = time.monotonic()

@@ -13,9 +13,8 @@ from celery import Celery
 
 from celery_zklock import ZkLockTask, ZooKeeperUnavailable, is_skipped, signals
 from celery_zklock.testing.plugin import StackFactory
-from celery_zklock.worker.gate.step import held_messages
 from tests.lockutil import task_client, wait_for
-from tests.workerproc import held_session, workers
+from tests.workerproc import held_at_gates, held_session, workers
 
 
 def test_zookeeper_stopped_during_a_wait_is_unavailable_not_a_timeout_skip(
@@ -186,8 +185,7 @@ def test_a_held_call_that_raises_on_unavailable_leaves_the_gate_when_zookeeper_g
         call = gated_section.apply_async(
             ("uh", 0.1), queue=worker.queue, zklock={"on_unavailable": "raise"}
         )
-        held = lambda: sum(h.count for h in held_messages(app, timeout=1.0))  # noqa: E731
-        wait_for(lambda: held() == 1, 30, "the call held at the gate")
+        wait_for(lambda: held_at_gates(app) == 1, 30, "the call held at the gate")
         server.kill()
         with pytest.raises(ZooKeeperUnavailable):
             call.get(timeout=60)
