@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.trace import build_tracer
+from celery.exceptions import Ignore
 from celery.signals import after_task_publish
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
@@ -139,3 +140,36 @@ def test_zookeeper_failing_at_the_marker(
     _trace(job, first.id, "k")
     assert bool(bodies) is ran
     assert job.AsyncResult(first.id).state == state, job.AsyncResult(first.id).result
+
+
+@pytest.mark.parametrize("ending", ["failure", "ignore", "skip"])
+def test_a_running_marker_goes_when_its_run_ends_without_success(
+    app: Celery, zk_client: KazooClient, ending: str
+) -> None:
+    """docs/dedupe.md: with ``running`` the marker goes when the run ends "in any way but a
+    retry (success, failure, ``Ignore``, a skip)": the next call of the key sends a message of
+    its own, not the ended one's."""
+    bodies: list[str] = []
+
+    @app.task(
+        bind=True, base=ZkLockTask, lock_key=["key"], lock_dedupe="running",
+        lock_on_busy="skip", lazy=False, shared=False,
+    )  # fmt: skip
+    def job(self: Any, key: str) -> str:
+        bodies.append(key)
+        if ending == "ignore":
+            raise Ignore()
+        raise ValueError("the body failed")
+
+    first = job.apply_async(("k",))
+    assert job.apply_async(("k",)).id == first.id  # deduplicated while it waits
+    # A skip: another holder of the key's lock (not a task run) when the call runs.
+    holder = Mutex(zk_client, job.lock_path("k")).acquire(timeout=5) if ending == "skip" else None
+    try:
+        _trace(job, first.id, "k")
+    finally:
+        if holder is not None:
+            holder.release()
+    assert bodies == ([] if ending == "skip" else ["k"])
+    assert zk_client.exists(job.lock_path("k") + MARKER_SUFFIX) is None, "the marker stayed"
+    assert job.apply_async(("k",)).id != first.id, "the key stayed deduplicated on the ended run"
