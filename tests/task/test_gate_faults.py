@@ -7,6 +7,7 @@ its own receipt."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from tests.lockutil import wait_for
 from tests.task.test_gate import held_at_gate, live_of
 from tests.task.test_gate_rabbitmq import start as start_gated
 from tests.taskapp import read_records
-from tests.workerproc import workers
+from tests.workerproc import held_at_gates, workers
 
 pytestmark = pytest.mark.fault  # minutes of real time: make test-faults
 
@@ -284,6 +285,42 @@ def test_a_retry_waits_its_own_lock_timeout(
             lease.release()
         result = call.get(timeout=30)
     assert result.get("retries") == 1, result
+
+
+def test_a_retry_waits_its_own_lock_timeout_at_a_gate_that_gave_its_first_attempt_back(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """A gate gives a held call back to the broker at its bound (5 s) and remembers when the
+    call first came, so that its ``lock_timeout`` (15 s) goes on from there if it comes back.
+    Another worker fetches it and runs it, and its retry comes to the first gate, the key busy
+    again: the retry's wait counts from its own receipt (keyed by task id alone, the gate gave
+    the retry the first attempt's place, and it timed out 2 s after it came)."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_retrying
+
+    path = gated_retrying.lock_path("gb", 0, "")
+    lease = Mutex(zk_client, path).acquire(timeout=10)
+    gated = {**env, "ZKLOCK_GATE_MAX_HOLD": "5"}
+    with workers(app, "prefork", 1, gated, tmp, prefix="gave", queues=["gb0,gba"]) as (first,):
+        call = gated_retrying.apply_async(("gb", 3.0, "gba"), queue="gb0", zklock={"timeout": 15})
+        wait_for(lambda: held_at_gates(app) == 1, 30, "the first attempt to be held")
+        app.control.cancel_consumer("gb0", destination=[first.nodename], reply=True)
+        wait_for(lambda: "go back to the broker" in first.log_text(), 30, "the give-back")
+        plain = {**env, "ZKLOCK_GATE": "false"}
+        with workers(app, "prefork", 1, plain, tmp, prefix="fetched", queues=["gb0"]) as (other,):
+            wait_for(lambda: "event=busy" in other.log_text(), 30, "the first attempt to wait")
+            lease.release()
+            wait_for(lambda: read_records(tmp / "attempts-gb"), 30, "the first attempt's body")
+            lease = Mutex(zk_client, path).acquire(timeout=10)  # once that run let it go
+            wait_for(lambda: call.state == "RETRY", 30, "the first attempt to end")
+            received = f"[{call.id}] received"
+            wait_for(lambda: first.log_text().count(received) == 2, 30, "the retry at the gate")
+            came = time.monotonic()
+            time.sleep(6.0)  # the retry waits 15 s from here: the key is let go well within it
+            lease.release()
+            result = call.get(timeout=30)
+            waited = time.monotonic() - came
+    assert result.get("retries") == 1, f"{result} after {waited:.1f} s at the gate"
 
 
 def test_while_zookeeper_is_away_a_new_call_waits_behind_the_held_ones(

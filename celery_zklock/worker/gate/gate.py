@@ -112,10 +112,11 @@ class Gate:
         """When the gate's client last lost its connection (None while connected)."""
         self._next_due = float("inf")
         self._revoked_seen = (0, 0.0)
-        self._given_back: dict[str, tuple[float, float]] = {}
-        """Task id -> (when it first reached this gate, when to forget that) of messages given
-        back at the broker bound with a ``lock_timeout``: back here, their timeout goes on
-        from the first arrival instead of starting again."""
+        self._given_back: dict[tuple[str, int], tuple[float, float]] = {}
+        """(Task id, retries) -> (when it first reached this gate, when to forget that) of
+        messages given back at the broker bound with a ``lock_timeout``: back here, their
+        timeout goes on from the first arrival instead of starting again. A retry is another
+        attempt, which waits its own ``lock_timeout``."""
         self._started = threading.Event()
         self._wanting: list[tuple[float, str]] = []
         """Heap of (its head's due, path) of the lines whose head waits only for a pool slot:
@@ -244,7 +245,8 @@ class Gate:
         received = request.request_dict.get(RECEIPT_FIELD)
         if not isinstance(received, (int, float)):
             received = now
-        due = self._given_back.pop(request.id, (now, now))[0]
+        attempt = (request.id, request.request_dict.get("retries") or 0)
+        due = self._given_back.pop(attempt, (now, now))[0]
         first = sendback.first_due(request)  # sent back by a run: its place is its first one's
         due = due if first is None else min(due, first)
         held = Held(request, kind, due, bound_at=received + self.config.max_hold)
@@ -448,9 +450,9 @@ class Gate:
             float("inf") if away_since is None else away_since + self.config.outage_budget
         )
         if self._given_back:  # fetched by another worker, or never again: forget in time
-            for task_id, (_, forget_at) in list(self._given_back.items()):
+            for attempt, (_, forget_at) in list(self._given_back.items()):
                 if forget_at <= now:
-                    del self._given_back[task_id]
+                    del self._given_back[attempt]
         for line in list(self.lines.values()):
             if look_revoked or any(h.request.expires for h in line.held):
                 for held in [h for h in line.held if _revoked(h.request)]:
@@ -483,7 +485,9 @@ class Gate:
                 for held in to_broker:
                     if held.timeout_at is not None:
                         forget_at = held.timeout_at + self.config.max_hold
-                        self._given_back[held.request.id] = (held.due, forget_at)
+                        request = held.request
+                        attempt = (request.id, request.request_dict.get("retries") or 0)
+                        self._given_back[attempt] = (held.due, forget_at)
                 give_back([held.request for held in to_broker])
             for held in line.held:
                 self._next_due = min(self._next_due, held.next_at)
