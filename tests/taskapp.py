@@ -520,6 +520,21 @@ def throttled(self: Any, key: str, seq: int) -> int:
 
 
 @app.task(
+    bind=True, base=ZkLockTask, lock_name="throttled_retrying", lock_key=["key"],
+    lock_on_busy="wait", lock_rate=Rate(1, 3.0), lock_timeout=4, lock_on_timeout="skip",
+)  # fmt: skip
+def throttled_retrying(self: Any, key: str, seq: int) -> int:
+    """As :func:`throttled` (records in ``throttled-<key>``), with a 4 s ``lock_timeout``
+    (skip); the first attempt of ``seq`` 1 retries at once, to wait for a window again."""
+    request = self.request
+    record = {"seq": seq, "start": time.time(), "retries": request.retries, "task_id": request.id}
+    _append(DIR / f"throttled-{key}", record)
+    if seq == 1 and not request.retries:
+        raise self.retry(countdown=0)
+    return seq
+
+
+@app.task(
     bind=True, base=ZkLockTask, lock_name="debounced", lock_key=["key"], lock_debounce=1.0,
     lock_debounce_max=3.0, acks_late=True, reject_on_worker_lost=True,
 )  # fmt: skip

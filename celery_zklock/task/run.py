@@ -485,8 +485,9 @@ class LockedRun:
         """The throttle: a ``wait`` call over its rate waits for its window without a pool slot
         and without its lock, sent back to come again when the window opens
         (:mod:`celery_zklock.task.sendback`; not a retry). Its ``lock_timeout`` counts from when
-        it first reached a gate: a window that opens after it applies ``lock_on_timeout`` now."""
-        due = received_at(self.request) or time.time()
+        it first came (to a gate, or to this run without one: carried when sent back): a window
+        that opens after it applies ``lock_on_timeout`` now."""
+        due = received_at(self.request) or sendback.first_due(self.request) or time.time()
         timeout = self.options.timeout
         if timeout is not None and time.time() + opens_in > due + timeout:
             return self._apply("timeout", self.options.on_timeout,

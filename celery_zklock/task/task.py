@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final
 from celery import Task, uuid
 
 from celery_zklock.locks.lease import HeldLease
-from celery_zklock.task import generation, lookup, visibility
+from celery_zklock.task import generation, lookup, sendback, visibility
 from celery_zklock.task.dedupe import enqueue_once
 from celery_zklock.task.options import (
     CALL_OPTION,
@@ -131,14 +131,9 @@ class ZkLockTask(Task):  # type: ignore[misc]
         self, request: Any = None, args: Any = None, kwargs: Any = None, **options: Any
     ) -> Any:
         """Celery's ``signature_from_request`` (``self.retry()``, the re-send after a lost
-        worker), keeping ``zklock`` and the generation (request attributes in a worker, not
-        headers); its ``apply_async`` re-sends the request's own message (dedupe never drops)."""
+        worker), as a re-send of the request's call: see :func:`_as_resend`."""
         signature = super().signature_from_request(request, args, kwargs, **options)
-        signature.options[_RESEND] = True
-        request = self.request if request is None else request
-        kept = (request_overrides(request), generation.of_request(request))
-        signature.options["headers"] = _message_headers(signature.options.get("headers"), *kept)
-        return signature
+        return _as_resend(signature, self.request if request is None else request, options)
 
     # -- running -------------------------------------------------------------------------
     @property
@@ -162,6 +157,21 @@ class ZkLockTask(Task):  # type: ignore[misc]
         """Who holds the lock a call with these arguments takes, or None; the first holder
         of a shared lock (all of them: :func:`celery_zklock.task.lookup.lock_holders`)."""
         return lookup.lock_holder(self, args, kwargs)
+
+
+def _as_resend(signature: Any, request: Any, options: Mapping[str, Any]) -> Any:
+    """``signature`` of a re-send of ``request``'s call, keeping ``zklock`` and the generation
+    (request attributes in a worker, not headers), whose ``apply_async`` re-sends the request's
+    own message (dedupe never drops). A retry (``retries`` raised) is another attempt: it does
+    not carry when the attempt before first reached a gate (Celery copies a request's headers),
+    so that its ``lock_timeout`` counts from its own arrival."""
+    signature.options[_RESEND] = True
+    kept = (request_overrides(request), generation.of_request(request))
+    headers = _message_headers(signature.options.get("headers"), *kept)
+    if options.get("retries", request.retries) != request.retries:
+        headers.pop(sendback.FIRST_DUE, None)
+    signature.options["headers"] = headers
+    return signature
 
 
 def _message_headers(
