@@ -283,7 +283,7 @@ class LockedRun:
         settled = not (request.delivery_info or {}).get("redelivered") and not getattr(
             request, BEHIND_ITSELF_FIELD, False
         )
-        looks = 0
+        looks, looked = 0, False  # looked: for a final state before a busy policy
         while True:
             self.lease = side.acquire(blocking=False, data=identity)
             path = side.path  # for several keys: the one whose lock was busy
@@ -296,6 +296,10 @@ class LockedRun:
                 looks += 1
                 if holder_in_the_way(queue, side) is None and looks < MAX_LOOKS:
                     continue  # the holder went between our try and our look: try again
+                # A copy of a call that ended meets another call's hold: it ends as a copy,
+                # before its busy policy writes a state of its own over the final one.
+                self._ignore_if_finished(settled, bool(retries))
+                looked = looked or not settled
                 skipped = self._when_busy(client, side, queue, identity, own is not None)
                 if self.lease is None:
                     return skipped
@@ -309,13 +313,21 @@ class LockedRun:
                     self.lease = None
                     settled = delivery.await_original(task, client, side, path, original, self._log)
                     continue
-            if not settled:
-                delivery.ignore_if_finished(task, self.path, self._log)
-            elif retries or self._a_copy_may_have_run():
-                # A copy (of an earlier attempt, or of this message, handed out again while it
-                # waited here) may have ended the call meanwhile: one look.
-                delivery.ignore_if_finished(task, self.path, self._log, settle=0.0)
+            self._ignore_if_finished(settled or looked, bool(retries) or looked)
             return None
+
+    def _ignore_if_finished(self, settled: bool, look_once: bool) -> None:
+        """End the run as a copy (:class:`~celery_zklock.task.delivery.DuplicateDelivery`) if
+        its call has a final state: looked for (up to 2 s) unless ``settled`` (a first delivery
+        not held behind a run of its own task id), else once with ``look_once`` (a retry, or a
+        run that looked before its busy policy) or for a message that a copy may have
+        overtaken (:meth:`_a_copy_may_have_run`)."""
+        if not settled:
+            delivery.ignore_if_finished(self.task, self.path, self._log)
+        elif look_once or self._a_copy_may_have_run():
+            # A copy (of an earlier attempt, or of this message, handed out again while it
+            # waited here) may have ended the call meanwhile: one look.
+            delivery.ignore_if_finished(self.task, self.path, self._log, settle=0.0)
 
     def _a_copy_may_have_run(self) -> bool:
         """Whether another copy of this message may have run: it reached its worker longer ago

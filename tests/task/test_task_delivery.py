@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 from kazoo.client import KazooClient
 
+from celery_zklock import Mutex
 from celery_zklock.testing.plugin import StackFactory
 from tests.lockutil import wait_for
 from tests.taskapp import read_records
@@ -163,3 +164,48 @@ def test_a_resend_under_the_same_task_id_held_at_the_gate_behind_its_run_is_igno
     starts = [s["task_id"] for s in read_records(tmp / "starts-rs")]
     assert starts == [original.id], starts  # the body ran once
     assert f"event=duplicate-ignored task_id={original.id}" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("on_busy", ["retry", "skip"])
+def test_a_copy_of_a_finished_call_that_meets_a_busy_key_is_ignored(
+    taskenv: tuple[Celery, dict[str, str], Path],
+    redis_url: str,
+    zk_client: KazooClient,
+    on_busy: str,
+) -> None:
+    """docs/brokers.md: a copy of a call that already ended "finds the final state and is
+    ignored", whatever the key is doing. The broker hands a failing call's message out again
+    while its body runs (its consumer cancelled, so the copy waits in the queue); the body
+    fails; the copy is fetched while another holder has the key. It must be ignored: before,
+    it applied its busy policy first, writing RETRY (``retry``: then its retry found no final
+    state and ran the failed body again) or a skip (``skip``) over the FAILURE."""
+    app, env, tmp = taskenv
+    from tests.task.test_debounce import _hand_out_again
+    from tests.task.test_gate_faults import settled
+    from tests.taskapp import gated_failing
+
+    key = f"bf-{on_busy}"
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        overrides = {"on_busy": on_busy, "retry_countdown": 0.5}
+        call = gated_failing.apply_async((key, 2.0), queue=worker.queue, zklock=overrides)
+        wait_for(lambda: read_records(tmp / f"starts-{key}"), 30, "the body")
+        app.control.cancel_consumer(worker.queue, destination=[worker.nodename], reply=True)
+        _hand_out_again(app, call.id)
+        with pytest.raises(ValueError):
+            call.get(timeout=30, propagate=True)
+        lease = Mutex(zk_client, gated_failing.lock_path(key, 2.0)).acquire(timeout=10)
+        try:
+            app.control.add_consumer(worker.queue, destination=[worker.nodename], reply=True)
+            wait_for(
+                lambda: (
+                    "event=duplicate-ignored" in worker.log_text()
+                    or gated_failing.AsyncResult(call.id).state != "FAILURE"
+                ),
+                30,
+                "the copy to end",
+            )
+        finally:
+            lease.release()
+        wait_for(settled(app, redis_url, worker.queue), 60, "every copy to be dealt with")
+    assert [r["task_id"] for r in read_records(tmp / f"starts-{key}")] == [call.id]
+    assert gated_failing.AsyncResult(call.id).state == "FAILURE"
