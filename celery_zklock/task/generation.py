@@ -15,8 +15,9 @@ a strictly older generation, and keeps its own), it only decides which of the tw
 A call that arrives without one (sent by name with ``app.send_task``, or by an older version)
 takes one when its first attempt runs (:func:`of_request` with ``run``: the worker's clock at
 that moment), kept by its retries. A retry of a call that never had one (sent by an older
-version and first run by an older version's worker) has none: it counts as older than every
-call with one.
+version and first run by an older version's worker) has none, nor has such a message handed
+out again (its first run's generation died with that run): it counts as older than every call
+with one.
 """
 
 from __future__ import annotations
@@ -55,14 +56,18 @@ def of_request(request: Any, *, run: bool = False) -> int | None:
     """The generation ``request``'s message carries, or None (in a worker a message's custom
     headers become request attributes; elsewhere they stay in ``headers``). With ``run`` (the
     generation of the run of ``request``): a first attempt sent without one takes a new one,
-    set on ``request`` so that its retries keep it; a retry sent without one stays None."""
+    set on ``request`` so that its retries keep it; a retry, or a message handed out again
+    (flagged redelivered), sent without one stays None."""
     value = getattr(request, GENERATION_HEADER, None)
     if value is None:
         headers = getattr(request, "headers", None)
         value = headers.get(GENERATION_HEADER) if isinstance(headers, Mapping) else None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if run and not request.retries:
+    # A message handed out again may have run before: a generation taken now would be newer
+    # than calls sent since, which it must never preempt.
+    handed_out_again = (getattr(request, "delivery_info", None) or {}).get("redelivered")
+    if run and not request.retries and not handed_out_again:
         value = next_generation()
         setattr(request, GENERATION_HEADER, value)
         return value

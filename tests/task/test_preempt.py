@@ -186,3 +186,34 @@ def test_a_retry_of_an_older_version_never_preempts_and_is_superseded(
         assert newer.get(timeout=60)["token"] > 0
     assert starts(tmp, "or") == [(newer.id, 0)]
     assert children(zk_client, preempting_section.lock_path("or")) == []
+
+
+@pytest.mark.fault
+def test_a_call_sent_by_name_and_handed_out_again_never_preempts_a_newer_call(
+    taskenv: tuple[Celery, dict[str, str], Path],
+) -> None:
+    """docs/multilock-and-preempt.md: a call sent by name has no generation and takes one when
+    its first attempt runs; "a call never preempts a newer one". Its worker is SIGKILLed
+    mid-body, a newer call (``apply_async``) takes the key, and Redis hands the first call
+    out again after its visibility timeout (15 s). That run must not count as newer than the
+    newer call: it took a new generation of its own there and preempted it (the first call's
+    generation lived only in its dead run's memory). It is superseded, and the newer body
+    runs to its end."""
+    app, env, tmp = taskenv
+    from tests.taskapp import gated_section
+
+    env = {**env, "TASKAPP_VISIBILITY_TIMEOUT": "15"}
+    preempting = {"zklock": {"on_busy": "preempt"}}
+    with workers(app, "prefork", 1, env, tmp, prefix="a", queues=["rg"]) as (first,):
+        older = app.send_task(gated_section.name, ("rg", 60.0), queue="rg", headers=preempting)
+        wait_for(lambda: (tmp / "witness-rg").exists(), 30, "the older body")
+        first.kill()  # SIGKILL to its main and pool processes, mid-body
+    with workers(app, "prefork", 1, env, tmp, prefix="b", queues=["rg"]):
+        newer = gated_section.apply_async(("rg", 25.0), queue="rg")
+        try:
+            assert newer.get(timeout=60)["token"] > 0
+        except Preempted as preempted:
+            pytest.fail(f"the older call, handed out again, preempted the newer: {preempted}")
+        outcome = older.get(timeout=30)  # its second delivery's run
+    assert is_skipped(outcome) and outcome["reason"] == "superseded", outcome
+    assert outcome["holder"] == newer.id, outcome

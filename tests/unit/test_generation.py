@@ -142,6 +142,8 @@ def test_a_first_run_sent_without_one_takes_one_that_its_retries_keep() -> None:
     taken = of_request(first, run=True)
     assert isinstance(taken, int) and of_request(first) == taken == of_request(first, run=True)
     assert of_request(SimpleNamespace(retries=2, headers=None), run=True) is None
+    again = SimpleNamespace(retries=0, headers=None, delivery_info={"redelivered": True})
+    assert of_request(again, run=True) is None  # handed out again: its first run's is gone
     assert of_request(SimpleNamespace(retries=2, headers={GENERATION_HEADER: 5}), run=True) == 5
     assert of_request(SimpleNamespace(retries=0, headers=None)) is None  # without run: none
     assert of_request(SimpleNamespace(**{GENERATION_HEADER: True})) is None  # not a number
