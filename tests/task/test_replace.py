@@ -93,3 +93,30 @@ def test_a_crash_of_the_waiting_calls_worker_leaves_the_newer_call_waiting(
     assert bodies(tmp, "c") == [0, 2]
     outcome: Any = check_witness(tmp / "witness-c")
     assert outcome.sections == 2 and outcome.overlaps == [], outcome
+
+
+def test_the_waiting_call_ends_at_its_lock_timeout_and_takes_its_record_away(
+    taskenv: tuple[Celery, dict[str, str], Path], zk_client: KazooClient
+) -> None:
+    """docs/debounce-and-replace.md: the waiting call "waits in the lock's queue as a `wait`
+    call does, up to `lock_timeout` (then `lock_on_timeout`)", and its run deletes the record
+    that still names it: a 2 s ``lock_timeout`` with ``skip`` ends it ``timeout`` while the
+    holder holds, no record is left, and a later call waits and runs after the holder."""
+    app, env, tmp = taskenv
+    from tests.taskapp import replacing
+
+    with workers(app, "prefork", 1, env, tmp) as (worker,):
+        holder = replacing.apply_async(("t", 0, 60.0), queue=worker.queue)
+        wait_for(lambda: bodies(tmp, "t") == [0], 30, "the holder's body")
+        short = {"timeout": 2, "on_timeout": "skip"}
+        timed_out = replacing.apply_async(("t", 1, 0.1), queue=worker.queue, zklock=short)
+        outcome = timed_out.get(timeout=30)
+        assert not holder.ready()
+        assert is_skipped(outcome) and outcome["reason"] == "timeout", outcome
+        assert waiter(zk_client, "t") is None  # its run took its record away
+        later = replacing.apply_async(("t", 2, 0.1), queue=worker.queue)
+        wait_for(lambda: waiter(zk_client, "t") == later.id, 20, "the later call to wait")
+        (tmp / "release-t").touch()
+        assert holder.get(timeout=30) == 0
+        assert later.get(timeout=30) == 2
+    assert bodies(tmp, "t") == [0, 2]
