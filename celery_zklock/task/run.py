@@ -319,33 +319,29 @@ class LockedRun:
     def _ignore_if_finished(self, settled: bool, look_once: bool) -> None:
         """End the run as a copy (:class:`~celery_zklock.task.delivery.DuplicateDelivery`) if
         its call has a final state: looked for (up to 2 s) unless ``settled`` (a first delivery
-        not held behind a run of its own task id), else once with ``look_once`` (a retry, or a
-        run that looked before its busy policy) or for a message that a copy may have
-        overtaken (:meth:`_a_copy_may_have_run`)."""
+        not held behind a run of its own task id); else looked at once if a copy may have ended
+        the call meanwhile: with ``look_once`` (a retry, or a run that looked before its busy
+        policy), for a message that reached its worker longer ago than the broker's redelivery
+        bound (the worker's receipt, :data:`~celery_zklock.task.options.RECEIPT_FIELD`: the
+        broker may have handed out a copy meanwhile), or one sent back
+        (:mod:`celery_zklock.task.sendback`: to ride an outage out, or to wait for its rate
+        window), published before the run that sent it was acknowledged, which a worker dying
+        between the two leaves behind."""
         if not settled:
             delivery.ignore_if_finished(self.task, self.path, self._log)
-        elif look_once or self._a_copy_may_have_run():
-            # A copy (of an earlier attempt, or of this message, handed out again while it
-            # waited here) may have ended the call meanwhile: one look.
-            delivery.ignore_if_finished(self.task, self.path, self._log, settle=0.0)
-
-    def _a_copy_may_have_run(self) -> bool:
-        """Whether another copy of this message may have run: it reached its worker longer ago
-        than the broker's redelivery bound (the worker's receipt,
-        :data:`~celery_zklock.task.options.RECEIPT_FIELD`: the broker may have handed out a copy
-        meanwhile), or it was sent back (:mod:`celery_zklock.task.sendback`: to ride an outage
-        out, or to wait for its rate window), published before the run that sent it was
-        acknowledged, which a worker dying between the two leaves behind."""
+            return
         request = self.request
         received = getattr(request, RECEIPT_FIELD, None)
-        if isinstance(received, (int, float)) and (
-            time.time() - received > self.settings.redelivery_timeout
-        ):
-            return True
-        return (
-            sendback.unavailable_since(request) is not None
+        if (
+            look_once
+            or (
+                isinstance(received, (int, float))
+                and time.time() - received > self.settings.redelivery_timeout
+            )
+            or sendback.unavailable_since(request) is not None
             or sendback.first_due(request) is not None
-        )
+        ):
+            delivery.ignore_if_finished(self.task, self.path, self._log, settle=0.0)
 
     def _when_busy(
         self, client: KazooClient, side: Mutex | MultiLock, queue: Any, identity: bytes, own: bool
