@@ -342,6 +342,18 @@ def gated_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
 
 
 @app.task(
+    bind=True, base=ZkLockTask, lock_name="gated", lock_key=["key"], lock_on_busy="wait",
+    lock_timeout=120,
+)  # fmt: skip
+def gated_section_early(self: Any, key: str, hold_s: float) -> dict[str, Any]:
+    """:func:`gated_section` without ``acks_late`` (Celery's default: acknowledged when its run
+    starts)."""
+    result = _section(self, key, "exclusive", hold_s)
+    _append(DIR / f"gated-done-{key}", {"task_id": self.request.id, "end": time.time()})
+    return result
+
+
+@app.task(
     bind=True, base=ZkLockTask, lock_name="gated", lock_key={"key": ["src", "dst"]},
     lock_on_busy="wait", lock_timeout=120,
 )  # fmt: skip
