@@ -28,6 +28,7 @@ from celery_zklock.task.run import PREEMPTED
 from celery_zklock.testing.exclusion import Exclusion
 from workers.admissions import Admission, RateOverrun, rate_overruns
 from workers.record import (
+    EXPIRE_CALL_TIMEOUT,
     FORCED_LOSS_KINDS,
     MAIN_PROCESS_KILL,
     PREEMPTED_OUTCOME,
@@ -463,6 +464,12 @@ class _Replay:
             return
         section = _Section(event, self.highest_accepted.get(event.key))
         self.sections[event.holder] = section
+        # Entered after an ``expired`` event but before the close it announces could have
+        # landed (it is recorded before the call): on the session being closed, as those open.
+        for force in self.pending_forces.get((event.hostname, event.pid), []):
+            if force.event.kind == "expired" and not force.survived:
+                if event.time - force.event.time <= EXPIRE_CALL_TIMEOUT:
+                    section.forces.append(force)
         overlapped = self.inside.enter(event.key, event.holder, event.mode == "exclusive", section)
         self.last_section[(event.task_id, event.key)] = section
         self.attempts_by_key[(event.task_id, event.key)] += 1

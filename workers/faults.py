@@ -37,6 +37,7 @@ from workers.chatter import IN_PROCESS_POOLS, start_chatter, stop_chatter
 from workers.fleet import Fleet, FleetWorker, WorkerSpec
 from workers.netns import Namespace, blackhole_unavailable_reason, unavailable_reason
 from workers.record import (
+    EXPIRE_CALL_TIMEOUT,
     FAULT_ALIASES,
     FAULT_KINDS,
     MAIN_PROCESS_KILL,
@@ -166,7 +167,7 @@ def session_password(session_id: int) -> bytes:
     return bytes(out)
 
 
-def expire_session(hosts: str, session_id: int, timeout: float = 15.0) -> None:
+def expire_session(hosts: str, session_id: int, timeout: float = EXPIRE_CALL_TIMEOUT) -> None:
     """Expire session ``session_id`` on the server: its ephemeral nodes go at once.
 
     A second client attaches to the session (:func:`session_password`) and closes it: the real

@@ -53,6 +53,10 @@ FAULT_ALIASES: Final[Mapping[str, str]] = {"redis_restart": "broker_restart"}
 """Former names of fault kinds, still accepted in a plan (``--faults``)."""
 MAIN_PROCESS_KILL: Final = "SIGKILL of the worker's main process"
 """How the detail of a fault that killed a worker's main process (the whole worker) begins."""
+EXPIRE_CALL_TIMEOUT: Final = 15.0
+"""Seconds the fault injector's session close may take (:func:`workers.faults.expire_session`)
+after its ``expired`` event, recorded before the call: a section its process enters meanwhile
+is on the session being closed."""
 FORCED_LOSS_KINDS: Final[tuple[EventKind, ...]] = ("paused", "expired")
 """Event kinds that say a fault took a process's leases away where no holder can see it coming."""
 

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -1121,3 +1122,26 @@ def test_a_message_goes_back_to_the_broker_when_sent_again_or_when_its_receiver_
     assert found["t3"].since == _at("34:01,000") and found["t3"].received_by == ()
     # t4: never in any log.
     assert found["t4"].since == 0.0 and found["t4"].received_by == ()
+
+
+def test_an_expiry_excuses_a_section_its_process_entered_before_the_close_landed() -> None:
+    # The expired event is recorded before the injector's call closes the session: a section
+    # the process enters in between (a threads worker's second task) is on that session too.
+    # Seen in a fleet run: granted 20 ms before the close landed, overlapped 20 ms later.
+    events = [
+        forced("expired", at=10.0),
+        ev("enter", "a", token=1, time=10.01),
+        ev("enter", "b", token=2, time=10.03),
+        ev("exit", "a", token=1, outcome="lost", time=10.04),
+        ev("exit", "b", token=2, outcome="ok", time=10.5),
+    ]
+    lost = {"a": TaskOutcome("a", "FAILURE", reason="LockLost: the session expired")}
+    report = check(events, outcomes=lost)
+    assert (report.violations, report.revoked_overlaps) == (0, 1), report
+    # Entered past the close's bound, it was on a new session: the overlap is a violation.
+    later = [events[0], *(replace(e, time=e.time + 20.0) for e in events[1:])]
+    assert check(later, outcomes=lost).violations == 1
+    # As before, a withdrawn expiry excuses nothing, nor one of another process.
+    assert check([events[0], forced("survived"), *events[1:]], outcomes=lost).violations == 1
+    other = [forced("expired", pid=99, at=10.0), *events[1:]]
+    assert check(other, outcomes=lost).violations == 1
