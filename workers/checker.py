@@ -467,9 +467,9 @@ class _Replay:
         # Entered after an ``expired`` event but before the close it announces could have
         # landed (it is recorded before the call): on the session being closed, as those open.
         for force in self.pending_forces.get((event.hostname, event.pid), []):
-            if force.event.kind == "expired" and not force.survived:
-                if event.time - force.event.time <= EXPIRE_CALL_TIMEOUT:
-                    section.forces.append(force)
+            recent = event.time - force.event.time <= EXPIRE_CALL_TIMEOUT
+            if force.event.kind == "expired" and not force.survived and recent:
+                section.forces.append(force)
         overlapped = self.inside.enter(event.key, event.holder, event.mode == "exclusive", section)
         self.last_section[(event.task_id, event.key)] = section
         self.attempts_by_key[(event.task_id, event.key)] += 1
