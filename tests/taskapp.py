@@ -336,8 +336,13 @@ def acked_late_limited(self: Any, key: str, seconds: float) -> dict[str, Any]:
 )  # fmt: skip
 def gated_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     """A ``wait`` task of the gate tests: one witnessed section, its end recorded (task id)."""
-    result = _section(self, key, "exclusive", hold_s)
-    _append(DIR / f"gated-done-{key}", {"task_id": self.request.id, "end": time.time()})
+    return _gated_body(self, key, hold_s)
+
+
+def _gated_body(task: Any, key: str, hold_s: float) -> dict[str, Any]:
+    """The body of :func:`gated_section`, for any task on its lock."""
+    result = _section(task, key, "exclusive", hold_s)
+    _append(DIR / f"gated-done-{key}", {"task_id": task.request.id, "end": time.time()})
     return result
 
 
@@ -348,9 +353,7 @@ def gated_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
 def gated_section_early(self: Any, key: str, hold_s: float) -> dict[str, Any]:
     """:func:`gated_section` without ``acks_late`` (Celery's default: acknowledged when its run
     starts)."""
-    result = _section(self, key, "exclusive", hold_s)
-    _append(DIR / f"gated-done-{key}", {"task_id": self.request.id, "end": time.time()})
-    return result
+    return _gated_body(self, key, hold_s)
 
 
 @app.task(
@@ -525,10 +528,14 @@ def preempting_section(self: Any, key: str, hold_s: float) -> dict[str, Any]:
 )  # fmt: skip
 def throttled(self: Any, key: str, seq: int) -> int:
     """One run per 3 s per key, waiting for its window (the throttle): records its start."""
-    request = self.request
+    _record_throttled(self, key, seq)
+    return seq
+
+
+def _record_throttled(task: Any, key: str, seq: int) -> None:
+    request = task.request
     record = {"seq": seq, "start": time.time(), "retries": request.retries, "task_id": request.id}
     _append(DIR / f"throttled-{key}", record)
-    return seq
 
 
 @app.task(
@@ -538,10 +545,8 @@ def throttled(self: Any, key: str, seq: int) -> int:
 def throttled_retrying(self: Any, key: str, seq: int) -> int:
     """As :func:`throttled` (records in ``throttled-<key>``), with a 4 s ``lock_timeout``
     (skip); the first attempt of ``seq`` 1 retries at once, to wait for a window again."""
-    request = self.request
-    record = {"seq": seq, "start": time.time(), "retries": request.retries, "task_id": request.id}
-    _append(DIR / f"throttled-{key}", record)
-    if seq == 1 and not request.retries:
+    _record_throttled(self, key, seq)
+    if seq == 1 and not self.request.retries:
         raise self.retry(countdown=0)
     return seq
 

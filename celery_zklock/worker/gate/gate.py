@@ -73,7 +73,7 @@ from celery_zklock.task.options import (
 )
 from celery_zklock.task.task import ZkLockTask
 from celery_zklock.worker.gate.giveback import give_back, send_later
-from celery_zklock.worker.gate.line import Held, KeyLine, may_enter
+from celery_zklock.worker.gate.line import Held, KeyLine, attempt_of, may_enter
 from celery_zklock.zk import outages
 from celery_zklock.zk.client import get_client
 from celery_zklock.zk.settings import GateConfig, settings_of
@@ -245,8 +245,7 @@ class Gate:
         received = request.request_dict.get(RECEIPT_FIELD)
         if not isinstance(received, (int, float)):
             received = now
-        attempt = (request.id, request.request_dict.get("retries") or 0)
-        due = self._given_back.pop(attempt, (now, now))[0]
+        due = self._given_back.pop(attempt_of(request), (now, now))[0]
         first = sendback.first_due(request)  # sent back by a run: its place is its first one's
         due = due if first is None else min(due, first)
         held = Held(request, kind, due, bound_at=received + self.config.max_hold)
@@ -350,7 +349,7 @@ class Gate:
         request = held.request
         if was_held:
             self._release_hold(held)
-        request.request_dict[RECEIVED_OPTION] = [held.due, request.request_dict.get("retries", 0)]
+        request.request_dict[RECEIVED_OPTION] = [held.due, attempt_of(request)[1]]
         if held.behind_itself:
             request.request_dict[BEHIND_ITSELF_FIELD] = True
         line.sent[request] = held.kind
@@ -485,9 +484,7 @@ class Gate:
                 for held in to_broker:
                     if held.timeout_at is not None:
                         forget_at = held.timeout_at + self.config.max_hold
-                        request = held.request
-                        attempt = (request.id, request.request_dict.get("retries") or 0)
-                        self._given_back[attempt] = (held.due, forget_at)
+                        self._given_back[attempt_of(held.request)] = (held.due, forget_at)
                 give_back([held.request for held in to_broker])
             for held in line.held:
                 self._next_due = min(self._next_due, held.next_at)

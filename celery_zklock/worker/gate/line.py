@@ -115,10 +115,8 @@ class KeyLine:
         """Mark each of ``held`` that waits behind a run of its own call, as named
         (:attr:`Held.behind_itself`)."""
         for one in held:
-            request = one.request
-            if request.id == self.holder and self.holder_retries >= (
-                request.request_dict.get("retries") or 0
-            ):
+            task_id, retries = attempt_of(one.request)
+            if task_id == self.holder and self.holder_retries >= retries:
                 one.behind_itself = True
 
     @property
@@ -184,3 +182,8 @@ class KeyLine:
             if timeouts and held.timeout_at is not None and held.timeout_at <= now:
                 held.go = True
         return to_broker
+
+
+def attempt_of(request: Any) -> tuple[str, int]:
+    """The attempt a worker's ``Request`` carries: its task id and its retries."""
+    return request.id, request.request_dict.get("retries") or 0
